@@ -1,0 +1,40 @@
+"""trainforge: run a single-process training loop on N data-parallel workers.
+
+The API mirrors Ray Train 2.x (``from ray import train`` -> ``import trainforge as train``).
+Importing trainforge is light: torch, ray, pandas and pyarrow are imported only where used.
+"""
+
+from trainforge._internal.callback import Callback
+from trainforge._internal.checkpoint import Checkpoint
+from trainforge._internal.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from trainforge._internal.exceptions import TrainingFailedError, WorkerFailure
+from trainforge._internal.result import Result, TrainingReport
+from trainforge._internal.session import (
+    TrainContext,
+    get_checkpoint,
+    get_context,
+    get_dataset_shard,
+    report,
+)
+from trainforge._internal.trainer import DataParallelTrainer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Callback",
+    "Checkpoint",
+    "CheckpointConfig",
+    "DataParallelTrainer",
+    "FailureConfig",
+    "Result",
+    "RunConfig",
+    "ScalingConfig",
+    "TrainContext",
+    "TrainingFailedError",
+    "TrainingReport",
+    "WorkerFailure",
+    "get_checkpoint",
+    "get_context",
+    "get_dataset_shard",
+    "report",
+]

@@ -1,0 +1,1 @@
+"""Implementation details of trainforge. Nothing here is public API."""

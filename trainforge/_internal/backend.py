@@ -1,0 +1,78 @@
+"""``Backend`` / ``BackendConfig``: hooks a framework plugs into the worker group's lifecycle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class BackendConfig:
+    """Configuration of a training backend. Subclass it (usually as a dataclass) and point
+    ``backend_cls`` at your :class:`Backend`. ``backend_cls`` may be a property or a plain method,
+    as in Ray Train.
+
+    Example::
+
+        class EnvBackend(Backend):
+            def on_start(self, worker_group, backend_config):
+                def set_env(value):
+                    import os
+                    os.environ["MY_ENV_VAR"] = value
+                worker_group.execute(set_env, backend_config.env_var)
+
+        @dataclass
+        class EnvBackendConfig(BackendConfig):
+            env_var: str = "default"
+
+            @property
+            def backend_cls(self):
+                return EnvBackend
+    """
+
+    @property
+    def backend_cls(self) -> type[Backend]:
+        return Backend
+
+    @property
+    def framework(self) -> str | None:
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {}
+
+
+class Backend:
+    """Lifecycle hooks run on the driver with the worker group.
+
+    ``worker_group.execute(fn, *args, **kwargs)`` runs ``fn`` on every worker and returns the list of
+    results in rank order; ``worker_group.execute_single(rank, fn, ...)`` runs it on one worker.
+    ``on_start`` runs after the workers are up (set up process groups, environment variables),
+    ``on_training_start`` right before the train loop starts, ``on_shutdown`` after it ended.
+    """
+
+    share_cuda_visible_devices: bool = False
+
+    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
+        pass
+
+    def on_training_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
+        pass
+
+    def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
+        pass
+
+
+def resolve_backend(config: BackendConfig) -> Backend:
+    """Instantiate the backend of ``config``; ``backend_cls`` may be a property or a method."""
+    if not isinstance(config, BackendConfig):
+        raise TypeError(
+            f"backend_config={config!r} must be an instance of trainforge.backend.BackendConfig "
+            "(or a subclass such as trainforge.torch.TorchConfig)."
+        )
+    cls = config.backend_cls
+    if not isinstance(cls, type) and callable(cls):
+        cls = cls()
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise TypeError(
+            f"{type(config).__name__}.backend_cls must be a subclass of trainforge.backend.Backend, got {cls!r}."
+        )
+    return cls()

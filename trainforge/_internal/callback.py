@@ -1,0 +1,24 @@
+"""``Callback``: driver-side hooks into a run (progress output, experiment trackers)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainforge._internal.result import Result, TrainingReport
+
+
+class Callback:
+    """Subclass and pass in ``RunConfig(callbacks=[...])``. Every hook runs on the driver."""
+
+    def on_run_start(self, run_path: str, num_workers: int) -> None:
+        pass
+
+    def on_report(self, report: TrainingReport) -> None:
+        """A report that every rank has made (``report.metrics`` is rank 0's)."""
+
+    def on_restart(self, attempt: int, reason: str) -> None:
+        pass
+
+    def on_run_end(self, result: Result) -> None:
+        pass

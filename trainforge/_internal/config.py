@@ -1,0 +1,176 @@
+"""User-facing configuration dataclasses, validated on construction.
+
+A bad value raises ``ValueError`` (or ``TypeError`` for a wrong type) naming the field, the value and
+what is allowed, before any worker process is started.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def _bad(cls: str, name: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"{cls}.{name}={value!r} is not valid: {allowed}.")
+
+
+@dataclass
+class ScalingConfig:
+    """How many workers to run and what each one gets.
+
+    Example::
+
+        ScalingConfig(num_workers=4, use_gpu=True)
+        ScalingConfig(num_workers=2, resources_per_worker={"CPU": 2, "GPU": 0.5})
+
+    ``use_gpu=True`` gives each worker one GPU unless ``resources_per_worker["GPU"]`` says otherwise
+    (fractions share a GPU between workers). On local workers each worker gets its own
+    ``CUDA_VISIBLE_DEVICES``. ``placement_strategy`` is used by the Ray executor; local workers all run
+    on this machine.
+    """
+
+    num_workers: int = 1
+    use_gpu: bool = False
+    resources_per_worker: dict[str, float] | None = None
+    placement_strategy: str = "PACK"
+
+    def __post_init__(self) -> None:
+        n = self.num_workers
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(
+                f"ScalingConfig.num_workers={n!r} must be an int (the number of workers), got {type(n).__name__}."
+            )
+        if n < 1:
+            raise _bad("ScalingConfig", "num_workers", n, "it must be an integer >= 1")
+        if not isinstance(self.use_gpu, bool):
+            raise TypeError(f"ScalingConfig.use_gpu={self.use_gpu!r} must be True or False.")
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise _bad(
+                "ScalingConfig", "placement_strategy", self.placement_strategy, f"choose one of {PLACEMENT_STRATEGIES}"
+            )
+        res = self.resources_per_worker
+        if res is not None:
+            if not isinstance(res, dict):
+                raise TypeError(
+                    f"ScalingConfig.resources_per_worker={res!r} must be a dict like {{'CPU': 1, 'GPU': 1}}."
+                )
+            for key, amount in res.items():
+                if not isinstance(key, str):
+                    raise _bad("ScalingConfig", "resources_per_worker", res, "resource names must be strings")
+                if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0 or math.isnan(amount):
+                    raise _bad(
+                        "ScalingConfig",
+                        f"resources_per_worker[{key!r}]",
+                        amount,
+                        "amounts must be numbers >= 0",
+                    )
+            gpu = res.get("GPU")
+            if self.use_gpu and gpu is not None and gpu == 0:
+                raise _bad(
+                    "ScalingConfig",
+                    "resources_per_worker['GPU']",
+                    gpu,
+                    "use_gpu=True needs a GPU amount > 0 per worker; drop the 'GPU' key or set use_gpu=False",
+                )
+            if gpu and gpu > 1 and gpu != int(gpu):
+                raise _bad(
+                    "ScalingConfig",
+                    "resources_per_worker['GPU']",
+                    gpu,
+                    "use a fraction <= 1 to share a GPU or a whole number for several GPUs",
+                )
+
+    @property
+    def gpus_per_worker(self) -> float:
+        """GPUs each worker gets (0 when the run is CPU-only)."""
+        res = self.resources_per_worker or {}
+        if "GPU" in res:
+            return float(res["GPU"])
+        return 1.0 if self.use_gpu else 0.0
+
+    @property
+    def cpus_per_worker(self) -> float:
+        return float((self.resources_per_worker or {}).get("CPU", 1))
+
+
+@dataclass
+class CheckpointConfig:
+    """Which checkpoints to keep.
+
+    By default every committed checkpoint is kept. With ``num_to_keep=k`` at most k are kept: the
+    lowest scoring ones by ``checkpoint_score_attribute`` (a numeric key of the metrics reported with
+    the checkpoint) are deleted, or the oldest when no attribute is given. The most recent checkpoint is
+    always kept in addition, so a run can always resume from where it stopped (as in Ray Train).
+    """
+
+    num_to_keep: int | None = None
+    checkpoint_score_attribute: str | None = None
+    checkpoint_score_order: str = "max"
+
+    def __post_init__(self) -> None:
+        k = self.num_to_keep
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise _bad("CheckpointConfig", "num_to_keep", k, "use None (keep all) or an integer >= 1")
+        if self.checkpoint_score_order not in ("max", "min"):
+            raise _bad("CheckpointConfig", "checkpoint_score_order", self.checkpoint_score_order, "use 'max' or 'min'")
+        attr = self.checkpoint_score_attribute
+        if attr is not None and not isinstance(attr, str):
+            raise _bad("CheckpointConfig", "checkpoint_score_attribute", attr, "use a metric name (str) or None")
+
+
+@dataclass
+class FailureConfig:
+    """How often to restart the worker group after a failure. ``-1`` means without limit."""
+
+    max_failures: int = 0
+
+    def __post_init__(self) -> None:
+        m = self.max_failures
+        if isinstance(m, bool) or not isinstance(m, int) or m < -1:
+            raise _bad("FailureConfig", "max_failures", m, "use an integer >= 0, or -1 for unlimited restarts")
+
+
+@dataclass
+class RunConfig:
+    """Where results go and how the run behaves.
+
+    ``storage_path`` defaults to ``~/trainforge_results`` (or ``$TRAINFORGE_STORAGE_PATH``); the run's
+    directory is ``{storage_path}/{name}``; ``name`` defaults to ``{TrainerClass}_{timestamp}`` and is
+    printed at start. ``verbose``: 0 prints nothing, 1 prints the run directory, worker start-up and
+    rank-0 metrics at most once a second, 2 prints every report.
+    """
+
+    name: str | None = None
+    storage_path: str | None = None
+    checkpoint_config: CheckpointConfig | None = None
+    failure_config: FailureConfig | None = None
+    callbacks: list[Any] | None = None
+    verbose: int = 1
+    log_to_driver: bool = True
+
+    def __post_init__(self) -> None:
+        if self.name is not None:
+            if not isinstance(self.name, str) or not self.name or "/" in self.name or self.name in (".", ".."):
+                raise _bad("RunConfig", "name", self.name, "use a non-empty string without '/'")
+        if self.storage_path is not None and not isinstance(self.storage_path, str):
+            try:
+                import os
+
+                self.storage_path = os.fspath(self.storage_path)
+            except TypeError:
+                raise _bad("RunConfig", "storage_path", self.storage_path, "use a path or an fsspec URL string") from None
+        if self.checkpoint_config is None:
+            self.checkpoint_config = CheckpointConfig()
+        elif not isinstance(self.checkpoint_config, CheckpointConfig):
+            raise TypeError(f"RunConfig.checkpoint_config={self.checkpoint_config!r} must be a CheckpointConfig.")
+        if self.failure_config is None:
+            self.failure_config = FailureConfig()
+        elif not isinstance(self.failure_config, FailureConfig):
+            raise TypeError(f"RunConfig.failure_config={self.failure_config!r} must be a FailureConfig.")
+        if self.callbacks is not None and not isinstance(self.callbacks, (list, tuple)):
+            raise TypeError(f"RunConfig.callbacks={self.callbacks!r} must be a list of trainforge.Callback.")
+        if self.verbose not in (0, 1, 2):
+            raise _bad("RunConfig", "verbose", self.verbose, "use 0, 1 or 2")

@@ -1,0 +1,42 @@
+"""Every environment variable trainforge reads or sets, in one place.
+
+Nothing here is read at import time: call the functions.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Read by the driver.
+ENV_STORAGE_PATH = "TRAINFORGE_STORAGE_PATH"  # default RunConfig.storage_path
+ENV_SHUTDOWN_GRACE_S = "TRAINFORGE_SHUTDOWN_GRACE_S"  # SIGTERM -> SIGKILL grace period
+ENV_START_TIMEOUT_S = "TRAINFORGE_WORKER_START_TIMEOUT_S"
+
+# Set by the driver for every worker process (the torchrun names where one exists).
+ENV_RANK = "RANK"
+ENV_LOCAL_RANK = "LOCAL_RANK"
+ENV_WORLD_SIZE = "WORLD_SIZE"
+ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+ENV_NODE_RANK = "GROUP_RANK"
+ENV_MASTER_ADDR = "MASTER_ADDR"
+ENV_MASTER_PORT = "MASTER_PORT"
+ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+ENV_WORKER_PRELOAD = "TRAINFORGE_WORKER_PRELOAD"  # comma-separated modules a worker imports first
+
+DEFAULT_STORAGE_DIRNAME = "trainforge_results"
+DEFAULT_SHUTDOWN_GRACE_S = 5.0
+DEFAULT_START_TIMEOUT_S = 120.0
+
+
+def default_storage_path() -> str:
+    return os.environ.get(ENV_STORAGE_PATH) or str(Path.home() / DEFAULT_STORAGE_DIRNAME)
+
+
+def shutdown_grace_s() -> float:
+    return float(os.environ.get(ENV_SHUTDOWN_GRACE_S, DEFAULT_SHUTDOWN_GRACE_S))
+
+
+def worker_start_timeout_s() -> float:
+    return float(os.environ.get(ENV_START_TIMEOUT_S, DEFAULT_START_TIMEOUT_S))

@@ -1,0 +1,283 @@
+"""The controller: an explicit state machine that drives one run.
+
+    INITIALIZING -> SCHEDULING -> RUNNING -> FINISHED
+                        ^            |
+                        |            v
+                    RESTARTING <- (failure, policy says restart)  -> ERRORED (policy says give up)
+
+``run_iter()`` steps it until a terminal state and yields each completed report. Everything it
+talks to is injected (worker group factory, backend, storage, checkpoint manager, policy), so unit
+tests drive it with a fake worker group.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainforge._internal.backend import Backend, BackendConfig
+from trainforge._internal.checkpoint import Checkpoint
+from trainforge._internal.checkpoint_manager import CheckpointManager
+from trainforge._internal.exceptions import (
+    TrainingFailedError,
+    WorkerFailure,
+    WorkerGroupError,
+    format_failures,
+)
+from trainforge._internal.failure_policy import FailureDecision, FailurePolicy
+from trainforge._internal.metrics_log import MetricsLog
+from trainforge._internal.result import Result, TrainingReport
+from trainforge._internal.storage import StorageContext
+from trainforge._internal.worker_group.api import (
+    DoneEvent,
+    FailureEvent,
+    ReportEvent,
+    WorkerGroup,
+    WorkerSpec,
+)
+
+logger = logging.getLogger("trainforge")
+
+# After the first failure, keep listening this long so simultaneous failures of other ranks are
+# grouped into one message, and reports already on the wire are still processed.
+FAILURE_SETTLE_S = 0.3
+POLL_INTERVAL_S = 0.1
+
+
+class RunState(enum.Enum):
+    INITIALIZING = "initializing"
+    SCHEDULING = "scheduling"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    FINISHED = "finished"
+    ERRORED = "errored"
+
+
+@dataclass
+class _AttemptReports:
+    """Reports of one attempt, by report index, until every rank has made them."""
+
+    world_size: int
+    pending: dict[int, dict[int, ReportEvent]] = field(default_factory=dict)
+    counts: dict[int, int] = field(default_factory=dict)
+    done: dict[int, int] = field(default_factory=dict)
+
+    def add(self, ev: ReportEvent) -> dict[int, ReportEvent] | None:
+        self.counts[ev.rank] = self.counts.get(ev.rank, 0) + 1
+        by_rank = self.pending.setdefault(ev.index, {})
+        by_rank[ev.rank] = ev
+        if len(by_rank) == self.world_size:
+            return self.pending.pop(ev.index)
+        return None
+
+
+@dataclass
+class ControllerHooks:
+    """Driver-side functions the controller calls; supplied by the trainer."""
+
+    make_worker_group: Callable[[], WorkerGroup]
+    make_specs: Callable[[int], list[WorkerSpec]]  # attempt -> specs
+    make_payloads: Callable[[int, Checkpoint | None, list[WorkerSpec]], list[bytes]]
+    worker_init_fn: Callable[[], Any] | None = None
+    preload: tuple[str, ...] = ()
+    callbacks: list[Any] = field(default_factory=list)
+
+
+class Controller:
+    def __init__(
+        self,
+        hooks: ControllerHooks,
+        backend: Backend,
+        backend_config: BackendConfig,
+        storage: StorageContext,
+        checkpoint_manager: CheckpointManager,
+        failure_policy: FailurePolicy,
+        metrics_log: MetricsLog,
+        initial_checkpoint: Checkpoint | None = None,
+    ):
+        self.hooks = hooks
+        self.backend = backend
+        self.backend_config = backend_config
+        self.storage = storage
+        self.checkpoints = checkpoint_manager
+        self.policy = failure_policy
+        self.metrics = metrics_log
+        self.initial_checkpoint = initial_checkpoint
+        self.state = RunState.INITIALIZING
+        self.attempt = 0
+        self.group: WorkerGroup | None = None
+        self.failures: list[list[WorkerFailure]] = []
+        self.error: BaseException | None = None
+        self._reports: _AttemptReports | None = None
+        self._specs: list[WorkerSpec] = []
+        self._out: list[TrainingReport] = []
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run_iter(self) -> Iterator[TrainingReport]:
+        try:
+            while self.state not in (RunState.FINISHED, RunState.ERRORED):
+                self.step()
+                out, self._out = self._out, []
+                yield from out
+        finally:
+            self._stop_group(graceful=False)
+            self.metrics.flush()
+
+    def step(self) -> None:
+        handler = {
+            RunState.INITIALIZING: self._initialize,
+            RunState.SCHEDULING: self._schedule,
+            RunState.RUNNING: self._poll,
+            RunState.RESTARTING: self._restart,
+        }[self.state]
+        handler()
+
+    def _transition(self, state: RunState) -> None:
+        logger.debug("controller: %s -> %s", self.state.value, state.value)
+        self.state = state
+
+    # -- states -----------------------------------------------------------------------------------
+    def _initialize(self) -> None:
+        self._transition(RunState.SCHEDULING)
+
+    def _schedule(self) -> None:
+        self._specs = self.hooks.make_specs(self.attempt)
+        self.group = self.hooks.make_worker_group()
+        self._reports = _AttemptReports(world_size=len(self._specs))
+        try:
+            t0 = time.monotonic()
+            self.group.start(self._specs, self.hooks.preload)
+            if self.hooks.worker_init_fn is not None:
+                self.group.execute(self.hooks.worker_init_fn)
+            self.backend.on_start(self.group, self.backend_config)
+            self.backend.on_training_start(self.group, self.backend_config)
+            checkpoint = self.checkpoints.latest or self.initial_checkpoint
+            self.group.start_training(self.hooks.make_payloads(self.attempt, checkpoint, self._specs))
+            logger.info("started %d workers in %.2fs (attempt %d)", len(self._specs), time.monotonic() - t0,
+                        self.attempt)
+        except WorkerGroupError as exc:
+            failures = getattr(exc, "failures", None) or [
+                WorkerFailure(rank=-1, pid=None, kind="exception", exc_type=type(exc).__name__,
+                              message=str(exc), time=time.time())
+            ]
+            self._on_failure(list(failures))
+            return
+        self._transition(RunState.RUNNING)
+
+    def _poll(self) -> None:
+        assert self.group is not None
+        failures: list[WorkerFailure] = []
+        self._handle(self.group.poll(POLL_INTERVAL_S), failures)
+        if failures:
+            deadline = time.monotonic() + FAILURE_SETTLE_S
+            while time.monotonic() < deadline:
+                self._handle(self.group.poll(max(0.0, deadline - time.monotonic())), failures)
+            self._on_failure(failures)
+            return
+        assert self._reports is not None
+        if len(self._reports.done) == len(self._specs):
+            self._finish()
+
+    def _restart(self) -> None:
+        self.attempt += 1
+        reason = format_failures(self.failures[-1]).splitlines()[0]
+        logger.warning("restarting the worker group (attempt %d) after: %s", self.attempt, reason)
+        for cb in self.hooks.callbacks:
+            cb.on_restart(self.attempt, reason)
+        self._transition(RunState.SCHEDULING)
+
+    # -- events -----------------------------------------------------------------------------------
+    def _handle(self, events: list[Any], failures: list[WorkerFailure]) -> None:
+        assert self._reports is not None
+        for ev in events:
+            if isinstance(ev, ReportEvent):
+                if ev.rank == 0:
+                    self.metrics.append(ev.metrics)
+                complete = self._reports.add(ev)
+                if complete is not None:
+                    self._complete_report(ev.index, complete)
+            elif isinstance(ev, DoneEvent):
+                self._reports.done[ev.rank] = ev.report_count
+            elif isinstance(ev, FailureEvent):
+                failures.append(ev.failure)
+
+    def _complete_report(self, index: int, by_rank: dict[int, ReportEvent]) -> None:
+        ranks = sorted(by_rank)
+        metrics0 = by_rank[0].metrics
+        checkpoint = None
+        with_ckpt = [r for r in ranks if by_rank[r].has_checkpoint]
+        if with_ckpt:
+            seq = self.checkpoints.next_index
+            checkpoint = self.storage.commit_checkpoint(self.attempt, index, with_ckpt, seq, metrics0)
+            self.checkpoints.register(checkpoint, metrics0, seq)
+            self.metrics.flush()
+        report = TrainingReport(
+            index=index,
+            metrics=metrics0,
+            all_metrics=[by_rank[r].metrics for r in ranks],
+            checkpoint=checkpoint,
+            attempt=self.attempt,
+        )
+        for cb in self.hooks.callbacks:
+            cb.on_report(report)
+        self._out.append(report)
+
+    def _on_failure(self, failures: list[WorkerFailure]) -> None:
+        self.failures.append(failures)
+        self._stop_group(graceful=False)
+        self._discard_incomplete()
+        if self.policy.decide(len(self.failures)) == FailureDecision.RESTART:
+            self._transition(RunState.RESTARTING)
+            return
+        self.error = TrainingFailedError.from_attempts(self.failures, self.policy.config.max_failures)
+        self._transition(RunState.ERRORED)
+
+    def _finish(self) -> None:
+        assert self._reports is not None and self.group is not None
+        counts = self._reports.done
+        if len(set(counts.values())) > 1:
+            detail = ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items()))
+            msg = (
+                f"Ranks called report() a different number of times ({detail}). Reports not made by every "
+                "rank are in the metrics of the ranks that made them, but their checkpoints were not "
+                "committed. Make every rank call report() the same number of times (pass checkpoint=None "
+                "on ranks that have nothing to save)."
+            )
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+            logger.warning(msg)
+        self._discard_incomplete()
+        try:
+            self.backend.on_shutdown(self.group, self.backend_config)
+        except WorkerGroupError as exc:
+            logger.warning("backend on_shutdown failed: %s", exc)
+        self._stop_group(graceful=True)
+        self._transition(RunState.FINISHED)
+
+    def _discard_incomplete(self) -> None:
+        if self._reports is None:
+            return
+        for index in list(self._reports.pending):
+            self.storage.discard_staged(self.attempt, index)
+        self._reports.pending.clear()
+
+    def _stop_group(self, graceful: bool) -> None:
+        if self.group is not None:
+            self.group.shutdown(graceful=graceful)
+
+    # -- result -----------------------------------------------------------------------------------
+    def result(self) -> Result:
+        rows = self.metrics.rows
+        return Result(
+            metrics=rows[-1] if rows else None,
+            checkpoint=self.checkpoints.latest,
+            error=self.error,
+            path=self.storage.run_path,
+            best_checkpoints=self.checkpoints.best_checkpoints,
+            metrics_history=list(rows),
+            filesystem=self.storage.fs,
+        )

@@ -1,0 +1,160 @@
+"""The worker-side API: what ``trainforge.report``, ``get_context`` and friends talk to.
+
+One ``Session`` exists per worker process while its train loop runs. ``report`` never waits for
+other ranks: metrics are pickled and queued for a sender thread (a few microseconds); a checkpoint
+is first copied into the rank's staging directory, so the caller may delete its directory as soon
+as ``report`` returns. The driver commits a checkpoint once every rank has made that report.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainforge._internal.checkpoint import Checkpoint
+
+
+@dataclass
+class TrainContext:
+    """What a worker knows about its place in the run. Returned by ``trainforge.get_context()``."""
+
+    world_size: int
+    world_rank: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    experiment_name: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    trial_dir: str = ""
+    attempt: int = 0
+
+    def get_world_size(self) -> int:
+        return self.world_size
+
+    def get_world_rank(self) -> int:
+        return self.world_rank
+
+    def get_local_rank(self) -> int:
+        return self.local_rank
+
+    def get_local_world_size(self) -> int:
+        return self.local_world_size
+
+    def get_node_rank(self) -> int:
+        return self.node_rank
+
+    def get_experiment_name(self) -> str:
+        return self.experiment_name
+
+    def get_metadata(self) -> dict[str, Any]:
+        return dict(self.metadata)
+
+    def get_trial_dir(self) -> str:
+        return self.trial_dir
+
+    def get_attempt(self) -> int:
+        """0 for the first attempt, n after n restarts."""
+        return self.attempt
+
+
+class Session:
+    def __init__(
+        self,
+        context: TrainContext,
+        send: Callable[..., None],
+        storage: Any,
+        checkpoint: Checkpoint | None,
+        dataset_shards: dict[str, Any],
+    ):
+        self.context = context
+        self._send = send
+        self._storage = storage
+        self._checkpoint = checkpoint
+        self._shards = dataset_shards
+        self.report_count = 0
+
+    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+        if not isinstance(metrics, dict):
+            raise TypeError(f"report(metrics=...) takes a dict of metrics, got {type(metrics).__name__}.")
+        if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+            raise TypeError(
+                f"report(checkpoint=...) takes a trainforge.Checkpoint, got {type(checkpoint).__name__}; "
+                "wrap a directory with Checkpoint.from_directory(path)."
+            )
+        try:
+            payload = pickle.dumps(metrics, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise TypeError(
+                f"report(metrics=...) must be picklable; {exc}. Report plain numbers, e.g. loss.item()."
+            ) from exc
+        index = self.report_count
+        self.report_count += 1
+        staged = False
+        if checkpoint is not None:
+            with checkpoint.as_directory() as local_dir:
+                self._storage.stage_checkpoint(
+                    local_dir, self.context.attempt, index, self.context.world_rank
+                )
+            staged = True
+        # A checkpoint report is handed to the socket before returning: once every rank's report()
+        # returned, the driver will commit it even if a worker dies the next instant.
+        self._send(("report", index, payload, staged, time.time()), wait=staged)
+
+    def get_checkpoint(self) -> Checkpoint | None:
+        return self._checkpoint
+
+    def get_dataset_shard(self, name: str) -> Any:
+        if name not in self._shards:
+            available = sorted(self._shards) or "none"
+            raise KeyError(
+                f"get_dataset_shard({name!r}): no dataset named {name!r}; datasets passed to the trainer: "
+                f"{available}. Pass datasets={{{name!r}: ...}} to the trainer."
+            )
+        return self._shards[name]
+
+
+_session: Session | None = None
+
+
+def _set_session(session: Session | None) -> None:
+    global _session
+    _session = session
+
+
+def get_session() -> Session:
+    if _session is None:
+        raise RuntimeError(
+            "This function can only be called inside a train loop run by a trainforge trainer "
+            "(e.g. TorchTrainer(train_loop_per_worker).fit()); no trainforge worker session is active "
+            f"in this process (pid {os.getpid()})."
+        )
+    return _session
+
+
+def in_session() -> bool:
+    return _session is not None
+
+
+# Public functions (re-exported from trainforge).
+def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+    """Report metrics (and optionally a checkpoint) from this worker. Never blocks on other ranks."""
+    get_session().report(metrics, checkpoint)
+
+
+def get_context() -> TrainContext:
+    """This worker's world size, ranks, experiment name and metadata."""
+    return get_session().context
+
+
+def get_checkpoint() -> Checkpoint | None:
+    """The latest committed checkpoint to resume from (after a restart or with resume_from_checkpoint)."""
+    return get_session().get_checkpoint()
+
+
+def get_dataset_shard(name: str = "train") -> Any:
+    """This worker's part of ``datasets[name]`` ("train" is split across workers, others are whole)."""
+    return get_session().get_dataset_shard(name)

@@ -1,0 +1,403 @@
+"""``DataParallelTrainer``: the public entry point that wires configs into a controller run."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from trainforge._internal.backend import BackendConfig, resolve_backend
+from trainforge._internal.checkpoint import Checkpoint
+from trainforge._internal.checkpoint_manager import CheckpointManager
+from trainforge._internal.config import RunConfig, ScalingConfig
+from trainforge._internal.controller import Controller, ControllerHooks
+from trainforge._internal.failure_policy import FailurePolicy
+from trainforge._internal.metrics_log import MetricsLog
+from trainforge._internal.progress import ProgressReporter
+from trainforge._internal.result import Result, TrainingReport
+from trainforge._internal.session import TrainContext
+from trainforge._internal.storage import RUN_STATE_FILE, StorageContext, dumps
+from trainforge._internal.train_fn import TrainPayload, check_train_loop
+from trainforge._internal.worker_env import assign_gpus, local_gpu_ids, local_worker_specs
+from trainforge._internal.worker_group.api import WorkerSpec
+
+logger = logging.getLogger("trainforge")
+
+TRAINER_STATE_FILE = "trainer.pkl"
+
+
+class TrainingIterator:
+    """What ``fit_iter()`` returns: iterate it for each :class:`TrainingReport` as it arrives (a
+    report every rank has made); afterwards ``.result`` holds the final :class:`Result`. Leaving the
+    loop early (``break``) or ``close()`` stops the workers.
+
+    Example::
+
+        run = trainer.fit_iter()
+        for report in run:
+            print(report.index, report.metrics, report.checkpoint)
+        result = run.result
+    """
+
+    def __init__(self, gen: Iterator[TrainingReport]):
+        self._gen = gen
+        self.result: Result | None = None
+
+    def __iter__(self) -> TrainingIterator:
+        return self
+
+    def __next__(self) -> TrainingReport:
+        try:
+            return next(self._gen)
+        except StopIteration as stop:
+            self.result = stop.value
+            raise StopIteration from None
+
+    def close(self) -> None:
+        self._gen.close()
+
+    def __enter__(self) -> TrainingIterator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class _TerminateSignal:
+    """During a run in the main thread, SIGTERM raises SystemExit so the workers are stopped in
+    ``finally`` blocks (Ctrl-C already raises KeyboardInterrupt)."""
+
+    def __init__(self) -> None:
+        self._previous: Any = None
+        self._active = False
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self._handle)
+            self._active = True
+
+    @staticmethod
+    def _handle(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    def restore(self) -> None:
+        if self._active:
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._active = False
+
+
+class DataParallelTrainer:
+    """Run ``train_loop_per_worker`` on ``scaling_config.num_workers`` worker processes.
+
+    Example::
+
+        def train_loop(config):
+            ctx = trainforge.get_context()
+            for epoch in range(config["epochs"]):
+                trainforge.report({"epoch": epoch, "rank": ctx.get_world_rank()})
+
+        result = DataParallelTrainer(
+            train_loop, train_loop_config={"epochs": 2}, scaling_config=ScalingConfig(num_workers=2)
+        ).fit()
+
+    ``worker_init_fn`` (trainforge extension): a function of no arguments run in every worker
+    process before the backend starts and before the loop (set environment variables, seed RNGs).
+    """
+
+    # Modules every worker imports at start-up, in parallel with the driver's set-up (TorchTrainer: torch).
+    _preload_modules: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        backend_config: BackendConfig | None = None,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+        datasets: dict[str, Any] | None = None,
+        dataset_config: Any = None,
+        metadata: dict[str, Any] | None = None,
+        resume_from_checkpoint: Checkpoint | None = None,
+        worker_init_fn: Callable[[], Any] | None = None,
+    ):
+        from trainforge._internal.datasets import check_datasets
+
+        self._takes_config = check_train_loop(train_loop_per_worker)
+        self.train_loop_per_worker = train_loop_per_worker
+        if train_loop_config is not None and not isinstance(train_loop_config, dict):
+            raise TypeError(f"train_loop_config={train_loop_config!r} must be a dict (or None).")
+        self.train_loop_config = train_loop_config
+        self.backend_config = backend_config if backend_config is not None else BackendConfig()
+        self._backend = resolve_backend(self.backend_config)
+        self.scaling_config = scaling_config if scaling_config is not None else ScalingConfig()
+        if not isinstance(self.scaling_config, ScalingConfig):
+            raise TypeError(f"scaling_config={self.scaling_config!r} must be a trainforge.ScalingConfig.")
+        self.run_config = run_config if run_config is not None else RunConfig()
+        if not isinstance(self.run_config, RunConfig):
+            raise TypeError(f"run_config={self.run_config!r} must be a trainforge.RunConfig.")
+        check_datasets(datasets)
+        self.datasets = datasets
+        self.dataset_config = dataset_config
+        self._datasets_to_split = _datasets_to_split(dataset_config)
+        if metadata is not None and not isinstance(metadata, dict):
+            raise TypeError(f"metadata={metadata!r} must be a dict (or None).")
+        self.metadata = metadata or {}
+        if resume_from_checkpoint is not None and not isinstance(resume_from_checkpoint, Checkpoint):
+            raise TypeError(
+                f"resume_from_checkpoint={resume_from_checkpoint!r} must be a trainforge.Checkpoint "
+                "(e.g. Result.from_path(path).checkpoint or Checkpoint.from_directory(dir))."
+            )
+        self.resume_from_checkpoint = resume_from_checkpoint
+        if worker_init_fn is not None and not callable(worker_init_fn):
+            raise TypeError(f"worker_init_fn={worker_init_fn!r} must be a function taking no arguments.")
+        self.worker_init_fn = worker_init_fn
+        self._gpu_groups = assign_gpus(
+            self.scaling_config.num_workers,
+            self.scaling_config.gpus_per_worker,
+            local_gpu_ids() if self.scaling_config.gpus_per_worker > 0 else [],
+        )
+
+    # -- public -----------------------------------------------------------------------------------
+    def fit(self) -> Result:
+        """Run training to the end. Raises :class:`TrainingFailedError` if the workers failed more
+        often than ``FailureConfig.max_failures`` allows; otherwise returns the :class:`Result`."""
+        run = self.fit_iter()
+        for _ in run:
+            pass
+        assert run.result is not None
+        if run.result.error is not None:
+            raise run.result.error
+        return run.result
+
+    def fit_iter(self) -> TrainingIterator:
+        """Like :meth:`fit`, but yields each report as it arrives (see :class:`TrainingIterator`).
+        A failure does not raise here: it is in ``.result.error``."""
+        return TrainingIterator(self._run())
+
+    @classmethod
+    def can_restore(cls, path: str | os.PathLike, storage_filesystem: Any = None) -> bool:
+        """True if ``path`` is a run directory that :meth:`restore` can resume."""
+        parent, _, name = os.fspath(path).rstrip("/").rpartition("/")
+        storage = StorageContext(parent or ".", name, storage_filesystem)
+        return storage.read_text(RUN_STATE_FILE) is not None and storage._exists(storage.path(TRAINER_STATE_FILE))
+
+    @classmethod
+    def restore(cls, path: str | os.PathLike, storage_filesystem: Any = None, **overrides: Any) -> DataParallelTrainer:
+        """Rebuild the trainer of an interrupted run; ``fit()`` then resumes from its latest committed
+        checkpoint, continuing its metrics history. Datasets are not stored: pass ``datasets=`` again.
+        Any constructor argument may be overridden (e.g. ``train_loop_per_worker=``)."""
+        import cloudpickle
+
+        parent, _, name = os.fspath(path).rstrip("/").rpartition("/")
+        storage = StorageContext(parent or ".", name, storage_filesystem)
+        if not cls.can_restore(path, storage_filesystem):
+            raise ValueError(
+                f"{cls.__name__}.restore({os.fspath(path)!r}): not a trainforge run directory "
+                f"({RUN_STATE_FILE} or {TRAINER_STATE_FILE} missing). Check the path with can_restore()."
+            )
+        if storage.fs is None:
+            with open(storage.path(TRAINER_STATE_FILE), "rb") as f:
+                state = cloudpickle.load(f)
+        else:
+            with storage.fs.open(storage.path(TRAINER_STATE_FILE), "rb") as f:
+                state = cloudpickle.load(f)
+        trainer_cls = state.pop("trainer_cls")
+        state.update(overrides)
+        run_config: RunConfig = state["run_config"]
+        run_config.name = name
+        run_config.storage_path = parent or "."
+        return trainer_cls(**state)
+
+    # -- internals --------------------------------------------------------------------------------
+    def _constructor_state(self) -> dict[str, Any]:
+        state = {
+            "trainer_cls": type(self),
+            "train_loop_per_worker": self.train_loop_per_worker,
+            "train_loop_config": self.train_loop_config,
+            "scaling_config": self.scaling_config,
+            "run_config": self.run_config,
+            "dataset_config": self.dataset_config,
+            "metadata": self.metadata,
+            "worker_init_fn": self.worker_init_fn,
+        }
+        state.update(self._backend_state())
+        return state
+
+    def _backend_state(self) -> dict[str, Any]:
+        return {"backend_config": self.backend_config}
+
+    def _make_storage(self) -> StorageContext:
+        rc = self.run_config
+        from trainforge._internal.constants import default_storage_path
+
+        name = rc.name or (
+            f"{type(self).__name__}_{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}_{secrets.token_hex(2)}"
+        )
+        storage = StorageContext(rc.storage_path or default_storage_path(), name)
+        storage.prepare()
+        return storage
+
+    def _save_state(self, storage: StorageContext, status: str, error: BaseException | None = None) -> None:
+        cc = self.run_config.checkpoint_config
+        assert cc is not None
+        state = {
+            "trainer": type(self).__name__,
+            "status": status,
+            "num_workers": self.scaling_config.num_workers,
+            "checkpoint_config": {
+                "num_to_keep": cc.num_to_keep,
+                "checkpoint_score_attribute": cc.checkpoint_score_attribute,
+                "checkpoint_score_order": cc.checkpoint_score_order,
+            },
+            "error": str(error) if error is not None else None,
+            "time": time.time(),
+        }
+        storage.write_text(RUN_STATE_FILE, dumps(state))
+
+    def _save_trainer(self, storage: StorageContext) -> None:
+        import cloudpickle
+
+        try:
+            blob = cloudpickle.dumps(self._constructor_state())
+        except Exception as exc:  # an unpicklable config: the run still works, restore will not
+            logger.warning("the trainer cannot be saved for restore(): %s", exc)
+            return
+        if storage.fs is None:
+            tmp = storage.path(TRAINER_STATE_FILE + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, storage.path(TRAINER_STATE_FILE))
+        else:
+            with storage.fs.open(storage.path(TRAINER_STATE_FILE), "wb") as f:
+                f.write(blob)
+
+    def _make_payloads(
+        self, storage: StorageContext, shards: list[dict[str, Any]]
+    ) -> Callable[[int, Checkpoint | None, list[WorkerSpec]], list[bytes]]:
+        import cloudpickle
+
+        def make(attempt: int, checkpoint: Checkpoint | None, specs: list[WorkerSpec]) -> list[bytes]:
+            payloads = []
+            for spec in specs:
+                context = TrainContext(
+                    world_size=spec.world_size,
+                    world_rank=spec.rank,
+                    local_rank=spec.local_rank,
+                    local_world_size=spec.local_world_size,
+                    node_rank=spec.node_rank,
+                    experiment_name=storage.name,
+                    metadata=dict(self.metadata),
+                    trial_dir=storage.run_path,
+                    attempt=attempt,
+                )
+                payload = TrainPayload(
+                    train_fn=self.train_loop_per_worker,
+                    takes_config=self._takes_config,
+                    config=self.train_loop_config,
+                    context=context,
+                    storage=storage,
+                    checkpoint=checkpoint,
+                    shards=shards[spec.rank],
+                )
+                payloads.append(cloudpickle.dumps(payload))
+            return payloads
+
+        return make
+
+    def _run(self) -> Iterator[TrainingReport]:
+        from trainforge._internal.datasets import shard_datasets
+        from trainforge._internal.worker_group.local import LocalWorkerGroup
+
+        rc = self.run_config
+        storage = self._make_storage()
+        callbacks = list(rc.callbacks or [])
+        if rc.verbose:
+            callbacks.insert(0, ProgressReporter(rc.verbose, storage.name))
+        assert rc.checkpoint_config is not None and rc.failure_config is not None
+        manager = CheckpointManager(rc.checkpoint_config, storage.delete_checkpoint)
+        manager.load(storage.list_checkpoints())
+        metrics_log = MetricsLog(storage)
+        n = self.scaling_config.num_workers
+        shards = _split(shard_datasets, self.datasets, n, self._datasets_to_split)
+        log_dir = storage.local_log_dir()
+        hooks = ControllerHooks(
+            make_worker_group=lambda: LocalWorkerGroup(log_dir=log_dir, log_to_driver=rc.log_to_driver),
+            make_specs=lambda attempt: local_worker_specs(self.scaling_config, attempt, self._gpu_groups),
+            make_payloads=self._make_payloads(storage, shards),
+            worker_init_fn=self.worker_init_fn,
+            preload=self._preload_modules,
+            callbacks=callbacks,
+        )
+        controller = Controller(
+            hooks,
+            self._backend,
+            self.backend_config,
+            storage,
+            manager,
+            FailurePolicy(rc.failure_config),
+            metrics_log,
+            initial_checkpoint=self.resume_from_checkpoint,
+        )
+        self._save_state(storage, "running")
+        self._save_trainer(storage)
+        for cb in callbacks:
+            cb.on_run_start(storage.run_path, n)
+        terminate = _TerminateSignal()
+        terminate.install()
+        status = "interrupted"
+        try:
+            yield from controller.run_iter()
+            status = "errored" if controller.error is not None else "finished"
+        finally:
+            terminate.restore()
+            storage.upload_logs(log_dir)
+            self._save_state(storage, status, controller.error)
+        result = controller.result()
+        for cb in callbacks:
+            cb.on_run_end(result)
+        return result
+
+
+def _datasets_to_split(dataset_config: Any) -> list[str] | str:
+    """``dataset_config``: None (split "train"), or anything with ``datasets_to_split`` ("all" or a list
+    of names), as Ray Train's DataConfig."""
+    if dataset_config is None:
+        return ["train"]
+    value = dataset_config.get("datasets_to_split") if isinstance(dataset_config, dict) else getattr(
+        dataset_config, "datasets_to_split", None
+    )
+    if value == "all" or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
+        return value if value == "all" else list(value)
+    raise ValueError(
+        f"dataset_config={dataset_config!r}: datasets_to_split={value!r} is not valid; use 'all' or a list of "
+        "dataset names."
+    )
+
+
+def _split(
+    shard_fn: Callable[[dict[str, Any] | None, int], list[dict[str, Any]]],
+    datasets: dict[str, Any] | None,
+    n: int,
+    to_split: list[str] | str,
+) -> list[dict[str, Any]]:
+    """Shard each dataset: names in ``to_split`` are split across workers, others given whole."""
+    out: list[dict[str, Any]] = [{} for _ in range(n)]
+    for key, value in (datasets or {}).items():
+        split = to_split == "all" or key in to_split
+        per_rank = shard_fn({"train" if split else "whole": value}, n)
+        for rank in range(n):
+            out[rank][key] = next(iter(per_rank[rank].values()))
+    return out
+
+
+if sys.version_info < (3, 10):  # pragma: no cover
+    raise ImportError("trainforge needs Python >= 3.10")

@@ -1,0 +1,388 @@
+"""Workers as local processes started by trainforge itself (the default executor).
+
+Each worker is ``python -u -m trainforge._internal.worker_main`` in its own session (so a terminal's
+Ctrl-C reaches only the driver, which then stops the workers), connected back over a loopback socket
+with a random auth key. Shutdown escalates: ("exit" command when graceful) -> SIGTERM to the worker's
+process group -> bounded wait -> SIGKILL, so no worker or worker child is ever left behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import queue
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from multiprocessing.connection import Connection, Listener, wait
+from typing import Any
+
+from trainforge._internal import constants
+from trainforge._internal.exceptions import WorkerFailure, WorkerGroupError, WorkerStartError
+from trainforge._internal.log_streaming import LogStreamer
+from trainforge._internal.worker_group.api import (
+    DoneEvent,
+    Event,
+    FailureEvent,
+    ReportEvent,
+    WorkerGroup,
+    WorkerMetadata,
+    WorkerSpec,
+)
+from trainforge._internal.worker_main import ENV_AUTHKEY, ENV_DRIVER_ADDR, ENV_WORKER_RANK
+
+_TAIL_LINES = 30
+
+
+class _Worker:
+    def __init__(self, spec: WorkerSpec, proc: subprocess.Popen):
+        self.spec = spec
+        self.proc = proc
+        self.conn: Connection | None = None
+        self.finished = False  # sent "done" or "error": its train loop is over
+        self.failed = False  # a failure was recorded for it
+        self.exit_sent = False
+        self.tail: collections.deque = collections.deque(maxlen=_TAIL_LINES)
+        self.streamers: list[LogStreamer] = []
+        self.log_file: Any = None
+
+    @property
+    def rank(self) -> int:
+        return self.spec.rank
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def _kill_process_groups(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class LocalWorkerGroup(WorkerGroup):
+    def __init__(self, log_dir: str | None = None, log_to_driver: bool = True):
+        self._log_dir = log_dir
+        self._log_to_driver = log_to_driver
+        self._workers: list[_Worker] = []
+        self._listener: Listener | None = None
+        self._authkey = secrets.token_bytes(32)
+        self._events: list[Event] = []
+        self._results: dict[tuple[int, int], tuple[bool, Any]] = {}
+        self._call_id = 0
+        self._log_lock = threading.Lock()
+        self._shutdown_done = False
+        self._finalizer: weakref.finalize | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self, specs: list[WorkerSpec], preload: tuple[str, ...] = ()) -> None:
+        self._listener = Listener(("127.0.0.1", 0), authkey=self._authkey, backlog=max(8, len(specs)))
+        host, port = self._listener.address
+        accepted: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(
+            target=self._accept_loop, args=(len(specs), accepted), name="trainforge-accept", daemon=True
+        ).start()
+        base_env = dict(os.environ)
+        for spec in specs:
+            env = dict(base_env)
+            env.update(spec.env)
+            env[ENV_DRIVER_ADDR] = f"{host}:{port}"
+            env[ENV_AUTHKEY] = self._authkey.hex()
+            env[ENV_WORKER_RANK] = str(spec.rank)
+            env["PYTHONUNBUFFERED"] = "1"
+            env[constants.ENV_WORKER_PRELOAD] = ",".join(preload)
+            proc = subprocess.Popen(
+                [sys.executable, "-u", "-m", "trainforge._internal.worker_main"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+            worker = _Worker(spec, proc)
+            self._attach_logs(worker)
+            self._workers.append(worker)
+        self._finalizer = weakref.finalize(self, _kill_process_groups, [w.pid for w in self._workers], signal.SIGKILL)
+        self._wait_connected(accepted)
+        setup = ("setup", list(sys.path), os.getcwd())
+        for w in self._workers:
+            self._send(w, setup)
+
+    def _attach_logs(self, worker: _Worker) -> None:
+        if self._log_dir is not None:
+            worker.log_file = open(os.path.join(self._log_dir, f"rank_{worker.rank}.log"), "ab")  # noqa: SIM115
+        else:
+            worker.log_file = open(os.devnull, "wb")  # noqa: SIM115
+        for pipe, target in ((worker.proc.stdout, "stdout"), (worker.proc.stderr, "stderr")):
+            assert pipe is not None
+            worker.streamers.append(
+                LogStreamer(
+                    pipe,
+                    worker.rank,
+                    worker.pid,
+                    worker.log_file,
+                    self._log_lock,
+                    worker.tail,
+                    target if self._log_to_driver else None,
+                )
+            )
+
+    def _accept_loop(self, n: int, out: queue.SimpleQueue) -> None:
+        assert self._listener is not None
+        for _ in range(n):
+            try:
+                conn = self._listener.accept()
+            except Exception as exc:  # listener closed, auth failure
+                out.put(exc)
+                return
+            out.put(conn)
+
+    def _wait_connected(self, accepted: queue.SimpleQueue) -> None:
+        deadline = time.monotonic() + constants.worker_start_timeout_s()
+        pending = len(self._workers)
+        while pending:
+            try:
+                item = accepted.get(timeout=0.05)
+            except queue.Empty:
+                item = None
+            if isinstance(item, Exception):
+                raise WorkerStartError(f"a worker could not connect to the driver: {item}")
+            if item is not None:
+                msg = pickle.loads(item.recv_bytes())
+                assert msg[0] == "hello", msg
+                self._workers[msg[1]].conn = item
+                pending -= 1
+                continue
+            for w in self._workers:
+                if w.conn is None and w.proc.poll() is not None:
+                    self._join_logs(w, 2.0)
+                    failure = self._died(w)
+                    raise WorkerStartError(
+                        f"worker rank {w.rank} (pid {w.pid}) exited during start-up: {failure.exit_description()}\n"
+                        f"last output:\n{failure.log_tail}"
+                    )
+            if time.monotonic() > deadline:
+                missing = [w.rank for w in self._workers if w.conn is None]
+                raise WorkerStartError(
+                    f"workers {missing} did not connect within {constants.worker_start_timeout_s():.0f}s; "
+                    f"raise ${constants.ENV_START_TIMEOUT_S} if the machine is slow."
+                )
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
+
+    @property
+    def worker_metadata(self) -> list[WorkerMetadata]:
+        host = socket.gethostname()
+        return [
+            WorkerMetadata(w.rank, w.spec.local_rank, w.spec.node_rank, w.pid, host, "127.0.0.1", list(w.spec.gpu_ids))
+            for w in self._workers
+        ]
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self._workers]
+
+    # -- messaging --------------------------------------------------------------------------------
+    def _send(self, w: _Worker, msg: tuple) -> None:
+        assert w.conn is not None
+        try:
+            w.conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+        except (OSError, EOFError):
+            pass  # noticed as a death by _receive
+
+    def _receive(self, timeout: float) -> None:
+        """Read whatever arrives within ``timeout``; record events, results and deaths."""
+        conns = [w.conn for w in self._workers if w.conn is not None and not w.conn.closed]
+        by_conn = {id(w.conn): w for w in self._workers}
+        ready = wait(conns, timeout) if conns else []
+        if not conns and timeout:
+            time.sleep(min(timeout, 0.05))
+        for conn in ready:
+            w = by_conn[id(conn)]
+            while True:
+                try:
+                    data = conn.recv_bytes()  # type: ignore[union-attr]
+                except (EOFError, OSError):
+                    conn.close()  # type: ignore[union-attr]
+                    break
+                self._dispatch(w, pickle.loads(data))
+                if not conn.poll():  # type: ignore[union-attr]
+                    break
+        self._check_deaths()
+
+    def _dispatch(self, w: _Worker, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "report":
+            _, index, payload, staged, t = msg
+            self._events.append(ReportEvent(w.rank, index, pickle.loads(payload), staged, t))
+        elif kind == "result":
+            _, call_id, ok, blob = msg
+            self._results[(call_id, w.rank)] = (ok, blob)
+        elif kind == "done":
+            w.finished = True
+            self._events.append(DoneEvent(w.rank, msg[1]))
+        elif kind == "error":
+            _, exc_type, message, tb = msg
+            w.finished = True
+            w.failed = True
+            self._events.append(
+                FailureEvent(
+                    WorkerFailure(
+                        rank=w.rank,
+                        pid=w.pid,
+                        kind="exception",
+                        exc_type=exc_type,
+                        message=message,
+                        traceback=tb,
+                        time=time.time(),
+                    )
+                )
+            )
+
+    def _check_deaths(self) -> None:
+        for w in self._workers:
+            if w.failed or w.exit_sent:
+                continue
+            conn_closed = w.conn is not None and w.conn.closed
+            if w.proc.poll() is None and not conn_closed:
+                continue
+            if w.proc.poll() is None:
+                try:
+                    w.proc.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    pass
+            self._join_logs(w, 1.0)
+            w.failed = True
+            self._events.append(FailureEvent(self._died(w)))
+
+    def _died(self, w: _Worker) -> WorkerFailure:
+        return WorkerFailure(
+            rank=w.rank,
+            pid=w.pid,
+            kind="died",
+            exit_code=w.proc.poll(),
+            log_tail="".join(list(w.tail)[-15:]),
+            time=time.time(),
+        )
+
+    def _join_logs(self, w: _Worker, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for s in w.streamers:
+            s.join(max(0.0, deadline - time.monotonic()))
+
+    # -- execute ----------------------------------------------------------------------------------
+    def execute_async(self, ranks: list[int], fn: Callable[..., Any], args: tuple, kwargs: dict) -> int:
+        import cloudpickle
+
+        self._call_id += 1
+        blob = cloudpickle.dumps((fn, args, kwargs))
+        for r in ranks:
+            self._send(self._workers[r], ("execute", self._call_id, blob))
+        return self._call_id
+
+    def _gather(self, call_id: int, ranks: list[int]) -> list[Any]:
+        import cloudpickle
+
+        while True:
+            failures = [e.failure for e in self._events if isinstance(e, FailureEvent) and e.failure.rank in ranks]
+            if failures:
+                from trainforge._internal.exceptions import format_failures
+
+                raise WorkerGroupError(format_failures(failures))
+            if all((call_id, r) in self._results for r in ranks):
+                break
+            self._receive(0.1)
+        out, errors = [], []
+        for r in ranks:
+            ok, blob = self._results.pop((call_id, r))
+            if ok:
+                out.append(cloudpickle.loads(blob))
+            else:
+                exc_type, message, tb = blob
+                errors.append(
+                    WorkerFailure(rank=r, pid=self._workers[r].pid, kind="exception", exc_type=exc_type,
+                                  message=message, traceback=tb, time=time.time())
+                )
+        if errors:
+            from trainforge._internal.exceptions import format_failures
+
+            err = WorkerGroupError(format_failures(errors))
+            err.failures = errors  # type: ignore[attr-defined]
+            raise err
+        return out
+
+    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        ranks = list(range(len(self._workers)))
+        return self._gather(self.execute_async(ranks, fn, args, kwargs), ranks)
+
+    def execute_single(self, rank: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self._gather(self.execute_async([rank], fn, args, kwargs), [rank])[0]
+
+    # -- training ---------------------------------------------------------------------------------
+    def start_training(self, payloads: list[bytes]) -> None:
+        for w, blob in zip(self._workers, payloads):
+            self._send(w, ("train", blob))
+
+    def poll(self, timeout: float) -> list[Event]:
+        if not self._events:
+            self._receive(timeout)
+        events, self._events = self._events, []
+        return events
+
+    # -- shutdown ---------------------------------------------------------------------------------
+    def shutdown(self, graceful: bool = True) -> None:
+        if self._shutdown_done:
+            return
+        self._shutdown_done = True
+        grace = constants.shutdown_grace_s() if graceful else min(1.0, constants.shutdown_grace_s())
+        alive = [w for w in self._workers if w.proc.poll() is None]
+        if graceful:
+            for w in alive:
+                if w.conn is not None and not w.conn.closed:
+                    w.exit_sent = True
+                    self._send(w, ("exit",))
+            self._wait_exit(alive, grace)
+            alive = [w for w in alive if w.proc.poll() is None]
+        for w in self._workers:
+            w.exit_sent = True
+        if alive:
+            _kill_process_groups([w.pid for w in alive], signal.SIGTERM)
+            self._wait_exit(alive, grace)
+        # Whatever is left, including children the workers started in their process groups.
+        _kill_process_groups([w.pid for w in self._workers], signal.SIGKILL)
+        for w in self._workers:
+            try:
+                w.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
+                pass
+            self._join_logs(w, 2.0)
+            if w.conn is not None:
+                w.conn.close()
+            if w.log_file is not None:
+                with self._log_lock:
+                    w.log_file.close()
+        if self._listener is not None:
+            self._listener.close()
+        if self._finalizer is not None:
+            self._finalizer.detach()
+
+    @staticmethod
+    def _wait_exit(workers: list[_Worker], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for w in workers:
+            try:
+                w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
