@@ -1,0 +1,388 @@
+"""Real multi-process runs on local workers: the core API end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import trainforge as train
+from trainforge import (
+    Checkpoint,
+    CheckpointConfig,
+    DataParallelTrainer,
+    Result,
+    RunConfig,
+    ScalingConfig,
+)
+from trainforge.backend import Backend, BackendConfig
+
+
+def _run(loop, n=2, tmp_path=None, **kwargs) -> Result:
+    rc = kwargs.pop("run_config", None) or RunConfig(storage_path=str(tmp_path), name="run", verbose=0)
+    return DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=n), run_config=rc, **kwargs).fit()
+
+
+def test_context_and_metrics(tmp_path):
+    def loop(config):
+        ctx = train.get_context()
+        for i in range(config["steps"]):
+            train.report(
+                {
+                    "step": i,
+                    "rank": ctx.get_world_rank(),
+                    "world": ctx.get_world_size(),
+                    "local_rank": ctx.get_local_rank(),
+                    "local_world": ctx.get_local_world_size(),
+                    "node_rank": ctx.get_node_rank(),
+                    "name": ctx.get_experiment_name(),
+                    "meta": ctx.get_metadata()["owner"],
+                    "env_rank": int(os.environ["RANK"]),
+                }
+            )
+
+    result = _run(loop, n=3, tmp_path=tmp_path, train_loop_config={"steps": 4}, metadata={"owner": "me"})
+    assert result.error is None
+    assert result.metrics["step"] == 3 and result.metrics["rank"] == 0
+    assert result.metrics["world"] == 3 and result.metrics["local_world"] == 3
+    assert result.metrics["node_rank"] == 0 and result.metrics["name"] == "run"
+    assert result.metrics["meta"] == "me" and result.metrics["env_rank"] == 0
+    df = result.metrics_dataframe
+    assert list(df["step"]) == [0, 1, 2, 3]
+    assert set(df["rank"]) == {0}
+    assert result.path == str(tmp_path / "run")
+
+
+def test_fit_iter_yields_every_rank(tmp_path):
+    def loop():
+        ctx = train.get_context()
+        for i in range(3):
+            train.report({"i": i, "rank": ctx.get_world_rank()})
+
+    trainer = DataParallelTrainer(
+        loop, scaling_config=ScalingConfig(num_workers=2), run_config=RunConfig(storage_path=str(tmp_path), verbose=0)
+    )
+    run = trainer.fit_iter()
+    reports = list(run)
+    assert [r.index for r in reports] == [0, 1, 2]
+    assert [[m["rank"] for m in r.all_metrics] for r in reports] == [[0, 1]] * 3
+    assert [r.metrics["i"] for r in reports] == [0, 1, 2]
+    assert run.result is not None and run.result.metrics == {"i": 2, "rank": 0}
+
+
+def test_loop_kinds_lambda_closure_async_zero_args(tmp_path):
+    captured = {"value": 7}
+    results = []
+    results.append(_run(lambda: train.report({"v": 1}), n=1, tmp_path=tmp_path / "a"))
+    results.append(_run(lambda: train.report({"v": captured["value"]}), n=1, tmp_path=tmp_path / "b"))
+
+    async def aloop(config):
+        await asyncio.sleep(0)
+        train.report({"v": config["x"]})
+
+    results.append(_run(aloop, n=2, tmp_path=tmp_path / "c", train_loop_config={"x": 3}))
+
+    class Callable:
+        def __call__(self, config):
+            train.report({"v": len(config)})
+
+    results.append(_run(Callable(), n=1, tmp_path=tmp_path / "d"))
+    assert [r.metrics["v"] for r in results] == [1, 7, 3, 0]
+
+
+def test_checkpoints_merge_ranks_and_keep_top_k(tmp_path):
+    def loop():
+        import tempfile
+
+        ctx = train.get_context()
+        scores = [0.5, 0.9, 0.1, 0.7]
+        for i, score in enumerate(scores):
+            with tempfile.TemporaryDirectory() as d:
+                with open(os.path.join(d, f"rank{ctx.get_world_rank()}.txt"), "w") as f:
+                    f.write(str(i))
+                with open(os.path.join(d, "shared.txt"), "w") as f:
+                    f.write(f"rank {ctx.get_world_rank()}")
+                train.report({"score": score, "i": i}, checkpoint=Checkpoint.from_directory(d))
+        assert train.get_checkpoint() is None
+
+    rc = RunConfig(
+        storage_path=str(tmp_path),
+        name="ck",
+        verbose=0,
+        checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="score"),
+    )
+    result = _run(loop, n=2, run_config=rc)
+    # Top 2 by score (0.9 at i=1, 0.7 at i=3); i=3 is also the latest.
+    assert [m["i"] for _, m in result.best_checkpoints] == [1, 3]
+    assert result.checkpoint.path.endswith("checkpoint_000003")
+    with result.checkpoint.as_directory() as d:
+        files = sorted(f for f in os.listdir(d) if not f.startswith("."))
+        assert files == ["rank0.txt", "rank1.txt", "shared.txt"]
+        assert open(os.path.join(d, "shared.txt")).read() == "rank 0"  # lowest rank wins
+    on_disk = sorted(p for p in os.listdir(tmp_path / "ck") if p.startswith("checkpoint_"))
+    assert on_disk == ["checkpoint_000001", "checkpoint_000003"]
+    assert not os.listdir(tmp_path / "ck" / ".staging")
+
+    rebuilt = Result.from_path(result.path)
+    assert rebuilt.metrics == result.metrics
+    assert rebuilt.checkpoint == result.checkpoint
+    assert [m["i"] for _, m in rebuilt.best_checkpoints] == [1, 3]
+    assert list(rebuilt.metrics_dataframe["i"]) == [0, 1, 2, 3]
+
+
+def test_checkpoint_from_rank0_only_and_metadata(tmp_path):
+    def loop():
+        import tempfile
+
+        rank = train.get_context().get_world_rank()
+        with tempfile.TemporaryDirectory() as d:
+            ckpt = None
+            if rank == 0:
+                open(os.path.join(d, "model.bin"), "w").write("weights")
+                ckpt = Checkpoint.from_directory(d)
+                ckpt.set_metadata({"epoch": 1})
+            train.report({"loss": 0.5}, checkpoint=ckpt)
+
+    result = _run(loop, n=2, tmp_path=tmp_path)
+    assert result.checkpoint is not None
+    assert result.checkpoint.get_metadata() == {"epoch": 1}
+    target = result.checkpoint.to_directory(str(tmp_path / "copy"))
+    assert open(os.path.join(target, "model.bin")).read() == "weights"
+
+
+def test_unequal_report_counts_warn_and_do_not_hang(tmp_path):
+    def loop():
+        import tempfile
+
+        rank = train.get_context().get_world_rank()
+        for i in range(3 if rank == 0 else 2):
+            with tempfile.TemporaryDirectory() as d:
+                open(os.path.join(d, "f"), "w").write(str(i))
+                train.report({"i": i}, checkpoint=Checkpoint.from_directory(d))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = _run(loop, n=2, tmp_path=tmp_path)
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert any("rank 0: 3" in m and "rank 1: 2" in m for m in messages), messages
+    assert result.metrics == {"i": 2}  # rank 0's last report is still in the metrics
+    assert result.checkpoint.path.endswith("checkpoint_000001")  # report 2 was not committed
+    assert not os.listdir(os.path.join(result.path, ".staging"))
+
+
+def test_datasets_split_and_whole(tmp_path):
+    def loop():
+        shard = train.get_dataset_shard("train")
+        items = [int(x) for b in shard.iter_batches(batch_size=2) for x in b["item"]]
+        val = train.get_dataset_shard("val")
+        n_val = sum(len(b) for b in val.iter_batches(batch_size=4, batch_format="pandas"))
+        train.report({"items": items, "n_val": n_val})
+
+    datasets = {"train": list(range(10)), "val": pd.DataFrame({"x": range(5)})}
+    trainer = DataParallelTrainer(
+        loop,
+        datasets=datasets,
+        scaling_config=ScalingConfig(num_workers=3),
+        run_config=RunConfig(storage_path=str(tmp_path), verbose=0),
+    )
+    reports = list(trainer.fit_iter())
+    per_rank = [m["items"] for m in reports[0].all_metrics]
+    assert sorted(x for items in per_rank for x in items) == list(range(10))
+    assert sorted(len(items) for items in per_rank) == [3, 3, 4]
+    assert [m["n_val"] for m in reports[0].all_metrics] == [5, 5, 5]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: [{"a": i, "b": 2 * i} for i in range(7)],
+        lambda: {"a": np.arange(7), "b": np.arange(7) * 2},
+        lambda: pd.DataFrame({"a": range(7), "b": [2 * i for i in range(7)]}),
+        lambda: pa.table({"a": list(range(7)), "b": [2 * i for i in range(7)]}),
+    ],
+    ids=["list_of_dicts", "dict_of_arrays", "dataframe", "arrow"],
+)
+def test_dataset_types_through_workers(tmp_path, make):
+    def loop():
+        shard = train.get_dataset_shard("train")
+        rows = [(int(a), int(b)) for batch in shard.iter_batches(batch_size=3) for a, b in zip(batch["a"], batch["b"])]
+        torch_rows = sum(len(b["a"]) for b in shard.iter_torch_batches(batch_size=2))
+        train.report({"rows": rows, "torch_rows": torch_rows})
+
+    trainer = DataParallelTrainer(
+        loop,
+        datasets={"train": make()},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(storage_path=str(tmp_path), verbose=0),
+    )
+    reports = list(trainer.fit_iter())
+    rows = sorted(r for m in reports[0].all_metrics for r in m["rows"])
+    assert rows == [(i, 2 * i) for i in range(7)]
+    assert sum(m["torch_rows"] for m in reports[0].all_metrics) == 7
+
+
+def test_torch_map_style_dataset(tmp_path):
+    import torch
+    from torch.utils.data import TensorDataset
+
+    ds = TensorDataset(torch.arange(6).float().unsqueeze(1), torch.arange(6))
+
+    def loop():
+        shard = train.get_dataset_shard("train")
+        labels = [int(v) for b in shard.iter_torch_batches(batch_size=4) for v in b["1"]]
+        train.report({"labels": labels})
+
+    trainer = DataParallelTrainer(
+        loop, datasets={"train": ds}, scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(storage_path=str(tmp_path), verbose=0),
+    )
+    reports = list(trainer.fit_iter())
+    assert sorted(x for m in reports[0].all_metrics for x in m["labels"]) == list(range(6))
+
+
+class _EnvBackend(Backend):
+    def on_start(self, worker_group, backend_config):
+        def set_env_var(value):
+            import os
+
+            os.environ["MY_ENV_VAR"] = value
+
+        worker_group.execute(set_env_var, backend_config.env_var)
+
+
+@dataclass
+class _EnvBackendConfig(BackendConfig):
+    env_var: str = "default_value"
+
+    @property
+    def backend_cls(self):
+        return _EnvBackend
+
+
+@dataclass
+class _EnvBackendConfigMethod(BackendConfig):
+    env_var: str = "default_value"
+
+    def backend_cls(self):  # Ray Train examples also write it as a plain method
+        return _EnvBackend
+
+
+@pytest.mark.parametrize("config_cls", [_EnvBackendConfig, _EnvBackendConfigMethod])
+def test_custom_backend_sets_env_on_every_worker(tmp_path, config_cls):
+    def loop():
+        train.report({"env": os.environ["MY_ENV_VAR"]})
+
+    trainer = DataParallelTrainer(
+        loop,
+        backend_config=config_cls(env_var="banana"),
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(storage_path=str(tmp_path), verbose=0),
+    )
+    reports = list(trainer.fit_iter())
+    assert [m["env"] for m in reports[0].all_metrics] == ["banana", "banana"]
+
+
+def test_worker_init_fn_runs_before_loop(tmp_path):
+    def init():
+        import random
+
+        os.environ["SEEDED"] = "yes"
+        random.seed(1234)
+
+    def loop():
+        import random
+
+        train.report({"seeded": os.environ.get("SEEDED"), "r": random.random()})
+
+    trainer = DataParallelTrainer(
+        loop, worker_init_fn=init, scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(storage_path=str(tmp_path), verbose=0),
+    )
+    reports = list(trainer.fit_iter())
+    import random
+
+    random.seed(1234)
+    expected = random.random()
+    assert [m["seeded"] for m in reports[0].all_metrics] == ["yes", "yes"]
+    assert [m["r"] for m in reports[0].all_metrics] == [expected, expected]
+
+
+def test_output_streams_with_rank_prefix_and_log_files(tmp_path, capfd):
+    def loop():
+        import sys
+
+        rank = train.get_context().get_world_rank()
+        print(f"stdout line from {rank}")
+        print(f"stderr line from {rank}", file=sys.stderr)
+
+    result = _run(loop, n=2, tmp_path=tmp_path)
+    out, err = capfd.readouterr()
+    for rank in (0, 1):
+        assert f"(rank={rank} pid=" in out and f") stdout line from {rank}" in out
+        assert f") stderr line from {rank}" in err
+        log = open(os.path.join(result.path, "logs", f"rank_{rank}.log")).read()
+        assert f"stdout line from {rank}" in log and f"stderr line from {rank}" in log
+
+
+def test_default_name_is_generated_and_printed(tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("TRAINFORGE_STORAGE_PATH", str(tmp_path))
+    result = DataParallelTrainer(lambda: train.report({"x": 1})).fit()
+    name = os.path.basename(result.path)
+    assert name.startswith("DataParallelTrainer_")
+    assert os.path.dirname(result.path) == str(tmp_path)
+    _, err = capfd.readouterr()
+    assert name in err and result.path in err
+
+
+def test_resume_from_checkpoint(tmp_path):
+    ckpt_dir = tmp_path / "given"
+    ckpt_dir.mkdir()
+    (ckpt_dir / "state.txt").write_text("41")
+
+    def loop():
+        ckpt = train.get_checkpoint()
+        with ckpt.as_directory() as d:
+            value = int(open(os.path.join(d, "state.txt")).read())
+        train.report({"value": value + 1})
+
+    result = _run(loop, n=2, tmp_path=tmp_path, resume_from_checkpoint=Checkpoint.from_directory(ckpt_dir))
+    assert result.metrics == {"value": 42}
+
+
+def test_report_outside_worker_raises():
+    with pytest.raises(RuntimeError, match="inside a train loop"):
+        train.report({"x": 1})
+
+
+def test_unpicklable_metrics_raise_in_worker(tmp_path):
+    def loop():
+        train.report({"f": lambda: 1})
+
+    with pytest.raises(train.TrainingFailedError, match="must be picklable"):
+        _run(loop, n=1, tmp_path=tmp_path)
+
+
+def test_sys_path_of_driver_is_used_by_workers(tmp_path):
+    mod = tmp_path / "mods"
+    mod.mkdir()
+    (mod / "my_helper_mod.py").write_text("VALUE = 99\n")
+    sys.path.insert(0, str(mod))
+    try:
+        import my_helper_mod  # noqa: F401
+
+        def loop():
+            import my_helper_mod
+
+            train.report({"v": my_helper_mod.VALUE})
+
+        assert _run(loop, n=1, tmp_path=tmp_path).metrics == {"v": 99}
+    finally:
+        sys.path.remove(str(mod))
+        sys.modules.pop("my_helper_mod", None)
