@@ -29,24 +29,4 @@ def _no_leftover_processes():
     assert not alive, f"test left processes behind: {[(p.pid, p.cmdline()) for p in alive]}"
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        p = psutil.Process(pid)
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def wait_until_gone(pids: list[int], timeout: float) -> list[int]:
-    """Wait up to ``timeout`` for every pid to exit; return those still alive."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    _gone, alive = psutil.wait_procs(procs, timeout=timeout)
-    return [p.pid for p in alive if pid_alive(p.pid)]
-
-
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")

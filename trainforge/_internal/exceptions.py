@@ -84,7 +84,7 @@ def format_failures(failures: list[WorkerFailure]) -> str:
     parts = []
     for members in groups.values():
         first = members[0]
-        text = f"{_ranks_text(members)}: {first.headline()}"
+        text = f"{_ranks_text(sorted(members, key=lambda f: f.rank))}: {first.headline()}"
         if first.traceback:
             text += f"\n  traceback of rank {first.rank}:\n" + _indent(first.traceback.rstrip())
         if first.log_tail:

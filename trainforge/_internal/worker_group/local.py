@@ -38,7 +38,7 @@ from trainforge._internal.worker_group.api import (
 )
 from trainforge._internal.worker_main import ENV_AUTHKEY, ENV_DRIVER_ADDR, ENV_WORKER_RANK
 
-_TAIL_LINES = 30
+_TAIL_LINES = 60
 
 
 class _Worker:
@@ -273,7 +273,7 @@ class LocalWorkerGroup(WorkerGroup):
             pid=w.pid,
             kind="died",
             exit_code=w.proc.poll(),
-            log_tail="".join(list(w.tail)[-15:]),
+            log_tail="".join(list(w.tail)[-40:]),
             time=time.time(),
         )
 

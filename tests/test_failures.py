@@ -1,0 +1,248 @@
+"""Fault injection with real processes: workers that raise, exit, get killed, segfault, ignore
+SIGTERM; drivers that get SIGTERM, Ctrl-C or SIGKILL. No process may be left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import trainforge as train
+from trainforge import DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
+
+from procutil import pid_alive, wait_until_gone
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+
+
+def _fit(loop, tmp_path, n=2, **kwargs):
+    return DataParallelTrainer(
+        loop,
+        scaling_config=ScalingConfig(num_workers=n),
+        run_config=RunConfig(storage_path=str(tmp_path), name="f", verbose=0, **kwargs),
+    ).fit()
+
+
+def _wait_forever():
+    while True:
+        time.sleep(0.1)
+
+
+def test_exception_in_one_rank_names_rank_type_message_traceback(tmp_path):
+    def loop():
+        if train.get_context().get_world_rank() == 1:
+            def inner_helper():
+                raise ValueError("bad batch 17")
+
+            inner_helper()
+        _wait_forever()
+
+    with pytest.raises(TrainingFailedError) as info:
+        _fit(loop, tmp_path)
+    msg = str(info.value)
+    assert "rank 1 (pid " in msg
+    assert "ValueError: bad batch 17" in msg
+    assert "inner_helper" in msg and "Traceback" in msg
+    assert "rank 0" not in msg  # rank 0 was stopped, it did not fail
+    [attempt] = info.value.failures
+    assert [(f.rank, f.kind, f.exc_type) for f in attempt] == [(1, "exception", "ValueError")]
+
+
+def test_identical_errors_from_ranks_are_grouped(tmp_path):
+    def loop():
+        raise RuntimeError("same everywhere")
+
+    with pytest.raises(TrainingFailedError) as info:
+        _fit(loop, tmp_path, n=3)
+    msg = str(info.value)
+    assert msg.count("traceback of rank") == 1  # one group, one traceback
+    assert "ranks 0, 1, 2 (pids " in msg and "): RuntimeError: same everywhere" in msg
+
+
+@pytest.mark.parametrize(
+    "how, expected",
+    [
+        ("exit", "exit code 3"),
+        ("sigkill", "killed by SIGKILL (exit code -9)"),
+        ("segfault", "killed by SIGSEGV"),
+    ],
+)
+def test_dead_worker_is_reported_with_pid_and_exit(tmp_path, how, expected):
+    def loop():
+        if train.get_context().get_world_rank() == 1:
+            print("about to die", flush=True)
+            if how == "exit":
+                os._exit(3)
+            elif how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            else:
+                import ctypes
+
+                ctypes.string_at(0)
+        _wait_forever()
+
+    with pytest.raises(TrainingFailedError) as info:
+        _fit(loop, tmp_path)
+    msg = str(info.value)
+    [failure] = info.value.failures[0]
+    assert failure.rank == 1 and failure.kind == "died"
+    assert f"rank 1 (pid {failure.pid})" in msg
+    assert expected in msg
+    if how != "segfault":
+        assert "about to die" in msg  # the last output of the dead rank is shown
+    else:
+        assert "Fatal Python error" in msg  # faulthandler's stack of the crash
+
+
+@pytest.mark.slow
+def test_peer_blocked_in_collective_is_stopped_when_a_rank_dies(tmp_path):
+    """Rank 0 waits in an allreduce that rank 1 never joins: the run must end promptly, not after the
+    30-minute collective timeout."""
+    from trainforge.torch import TorchTrainer
+
+    def loop():
+        import torch
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1:
+            os._exit(5)
+        dist.all_reduce(torch.ones(1))
+        _wait_forever()
+
+    start = time.monotonic()
+    with pytest.raises(TrainingFailedError, match="exit code 5"):
+        TorchTrainer(
+            loop,
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(storage_path=str(tmp_path), verbose=0),
+        ).fit()
+    # Liveness, not performance: ending at all proves nobody waited on the collective timeout.
+    assert time.monotonic() - start < 120
+
+
+def test_worker_ignoring_sigterm_and_its_children_are_killed(tmp_path):
+    pid_file = tmp_path / "pids.txt"
+
+    def loop():
+        rank = train.get_context().get_world_rank()
+        if rank == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            with open(pid_file, "w") as f:
+                f.write(f"{os.getpid()} {child.pid}")
+            _wait_forever()
+        while not os.path.exists(pid_file):
+            time.sleep(0.05)
+        raise KeyError("trigger")
+
+    with pytest.raises(TrainingFailedError, match="KeyError"):
+        _fit(loop, tmp_path)
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert wait_until_gone(pids, timeout=5) == []
+
+
+def test_successful_run_leaves_no_process(tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+
+    def loop():
+        (pid_dir / str(os.getpid())).write_text("")
+        train.report({"ok": 1})
+
+    _fit(loop, tmp_path, n=2)
+    pids = [int(p) for p in os.listdir(pid_dir)]
+    assert len(pids) == 2
+    assert [p for p in pids if pid_alive(p)] == []
+
+
+def _start_hold_driver(tmp_path, n=2):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(SCRIPTS, "driver_hold.py"), str(tmp_path / "res"), str(pid_dir), str(n)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while len([f for f in os.listdir(pid_dir) if f.endswith(".pid")]) < n:
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "workers did not start"
+        time.sleep(0.05)
+    pids = []
+    for f in os.listdir(pid_dir):
+        if f.endswith(".pid"):
+            pids += [int(p) for p in (pid_dir / f).read_text().split()]
+    assert all(pid_alive(p) for p in pids)
+    return proc, pids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_driver_stops_all_workers(tmp_path, sig):
+    proc, pids = _start_hold_driver(tmp_path)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    assert "driver cleanup done" in out
+    assert proc.returncode != 0
+    assert wait_until_gone(pids, timeout=5) == []
+
+
+def test_killed_driver_leaves_no_worker(tmp_path):
+    proc, pids = _start_hold_driver(tmp_path)
+    proc.kill()
+    proc.wait(timeout=30)
+    # Workers notice the driver's socket closing (and PDEATHSIG); their children die with them.
+    worker_pids = pids[0::2]
+    assert wait_until_gone(worker_pids, timeout=10) == []
+    # A worker's own children are not ours to reap once the worker is gone: kill them explicitly.
+    for child in pids[1::2]:
+        if pid_alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+# -- invalid configuration fails before any worker starts -----------------------------------------
+def _no_workers_started():
+    import psutil
+
+    return psutil.Process().children(recursive=True) == []
+
+
+def test_two_required_args_rejected():
+    def loop(a, b):
+        pass
+
+    with pytest.raises(TypeError, match=r"2 required arguments \(a, b\)"):
+        DataParallelTrainer(loop)
+    assert _no_workers_started()
+
+
+def test_invalid_scaling_rejected():
+    with pytest.raises(ValueError, match=r"num_workers=0.*>= 1"):
+        ScalingConfig(num_workers=0)
+    with pytest.raises(ValueError, match="GPU"):
+        ScalingConfig(num_workers=1, use_gpu=True, resources_per_worker={"GPU": 0})
+
+
+def test_gpu_request_without_gpus_rejected(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(ValueError, match=r"2 GPU\(s\) in all.*0 visible GPU"):
+        DataParallelTrainer(lambda: None, scaling_config=ScalingConfig(num_workers=2, use_gpu=True))
+
+
+def test_unknown_dataset_type_rejected():
+    with pytest.raises(TypeError, match="'train'"):
+        DataParallelTrainer(lambda: None, datasets={"train": object()})
+    assert _no_workers_started()
+
+
+def test_unwritable_storage_rejected_before_workers_start(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    trainer = DataParallelTrainer(lambda: None, run_config=RunConfig(storage_path=str(blocker / "sub")))
+    with pytest.raises(ValueError, match="cannot be written"):
+        trainer.fit()
+    assert _no_workers_started()
