@@ -20,19 +20,36 @@ from trainforge._internal.worker_group.api import (
 
 
 def report(rank: int, index: int, metrics: dict[str, Any] | None = None, ckpt: bool = False) -> ReportEvent:
-    return ReportEvent(rank=rank, index=index, metrics=metrics or {"rank": rank, "i": index},
-                       has_checkpoint=ckpt, time=time.time())
+    return ReportEvent(
+        rank=rank,
+        index=index,
+        metrics=metrics or {"rank": rank, "i": index},
+        has_checkpoint=ckpt,
+        time=time.time(),
+    )
 
 
 def done(rank: int, count: int) -> DoneEvent:
     return DoneEvent(rank=rank, report_count=count)
 
 
-def failure(rank: int, message: str = "boom", exc_type: str = "RuntimeError", t: float | None = None,
-            pid: int | None = None) -> FailureEvent:
-    return FailureEvent(WorkerFailure(rank=rank, pid=pid if pid is not None else 1000 + rank, kind="exception",
-                                      exc_type=exc_type, message=message,
-                                      time=t if t is not None else time.time()))
+def failure(
+    rank: int,
+    message: str = "boom",
+    exc_type: str = "RuntimeError",
+    t: float | None = None,
+    pid: int | None = None,
+) -> FailureEvent:
+    return FailureEvent(
+        WorkerFailure(
+            rank=rank,
+            pid=pid if pid is not None else 1000 + rank,
+            kind="exception",
+            exc_type=exc_type,
+            message=message,
+            time=t if t is not None else time.time(),
+        )
+    )
 
 
 def specs(n: int) -> list[WorkerSpec]:
@@ -43,8 +60,11 @@ class FakeWorkerGroup(WorkerGroup):
     """``poll()`` returns the next batch of ``script`` (a list of event lists, or callables returning
     one, run at poll time), then ``[]``. Every lifecycle call is recorded in ``calls``."""
 
-    def __init__(self, script: list[list[Event] | Callable[[], list[Event]]] | None = None,
-                 start_error: BaseException | None = None):
+    def __init__(
+        self,
+        script: list[list[Event] | Callable[[], list[Event]]] | None = None,
+        start_error: BaseException | None = None,
+    ):
         self.script = list(script or [])
         self.start_error = start_error
         self.calls: list[tuple] = []
@@ -89,8 +109,10 @@ class FakeWorkerGroup(WorkerGroup):
 
     @property
     def worker_metadata(self) -> list[WorkerMetadata]:
-        return [WorkerMetadata(s.rank, s.local_rank, s.node_rank, 1000 + s.rank, "localhost", "127.0.0.1")
-                for s in self.specs]
+        return [
+            WorkerMetadata(s.rank, s.local_rank, s.node_rank, 1000 + s.rank, "localhost", "127.0.0.1")
+            for s in self.specs
+        ]
 
 
 class RecordingBackend(Backend):

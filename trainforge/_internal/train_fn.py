@@ -31,6 +31,17 @@ def check_train_loop(fn: Any) -> bool:
     ]
     required = [p for p in positional if p.default is inspect.Parameter.empty]
     has_varargs = any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in sig.parameters.values())
+    kw_required = [
+        p.name
+        for p in sig.parameters.values()
+        if p.kind == inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty
+    ]
+    if kw_required:
+        raise TypeError(
+            f"train_loop_per_worker {getattr(fn, '__name__', fn)!r} has required keyword-only arguments "
+            f"({', '.join(kw_required)}) that trainforge cannot pass; give them defaults or read them from "
+            "train_loop_config."
+        )
     if len(required) > 1:
         names = ", ".join(p.name for p in required)
         raise TypeError(

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up .venv and run the linter and the whole test suite (slow tests included).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check trainforge tests examples bench
+exec .venv/bin/python -m pytest -ra "$@"

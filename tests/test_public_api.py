@@ -1,0 +1,224 @@
+"""The public surface: pinned ``__all__``, a light import, driver-side errors of worker functions, and
+the train-loop signature check."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+
+import pytest
+
+import trainforge
+import trainforge.backend
+import trainforge.torch
+from trainforge._internal.train_fn import check_train_loop
+
+TOP_LEVEL = [
+    "Callback",
+    "Checkpoint",
+    "CheckpointConfig",
+    "DataParallelTrainer",
+    "FailureConfig",
+    "Result",
+    "RunConfig",
+    "ScalingConfig",
+    "TrainContext",
+    "TrainingFailedError",
+    "TrainingReport",
+    "WorkerFailure",
+    "get_checkpoint",
+    "get_context",
+    "get_dataset_shard",
+    "report",
+]
+
+
+def test_top_level_all_is_pinned():
+    assert trainforge.__all__ == TOP_LEVEL
+
+
+def test_torch_all_is_pinned():
+    assert sorted(trainforge.torch.__all__) == sorted(
+        ["TorchTrainer", "TorchConfig", "prepare_model", "prepare_data_loader", "get_device"]
+    )
+
+
+def test_backend_all_is_pinned():
+    assert sorted(trainforge.backend.__all__) == ["Backend", "BackendConfig"]
+
+
+@pytest.mark.parametrize(
+    "module", [trainforge, trainforge.torch, trainforge.backend], ids=lambda m: m.__name__
+)
+def test_every_exported_name_exists(module):
+    assert len(set(module.__all__)) == len(module.__all__)
+    for name in module.__all__:
+        assert getattr(module, name, None) is not None, f"{module.__name__}.{name} is missing"
+
+
+def test_ray_style_names():
+    """The parts of the Ray Train API a port relies on are where Ray has them."""
+    from trainforge.torch import TorchConfig, TorchTrainer
+
+    assert issubclass(TorchTrainer, trainforge.DataParallelTrainer)
+    assert issubclass(TorchConfig, trainforge.backend.BackendConfig)
+    assert trainforge.FailureConfig().max_failures == 0
+    assert trainforge.ScalingConfig().num_workers == 1
+    assert issubclass(trainforge.TrainingFailedError, Exception)
+
+
+def test_import_is_light():
+    code = (
+        "import sys, trainforge, trainforge.torch, trainforge.backend\n"
+        "heavy = [m for m in ('torch', 'ray', 'pandas', 'pyarrow') if m in sys.modules]\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY=\n" in proc.stdout, proc.stdout
+
+
+def test_import_sets_no_environment_and_no_logging_handlers():
+    code = (
+        "import os, logging\n"
+        "before = dict(os.environ)\n"
+        "import trainforge, trainforge.torch, trainforge.backend\n"
+        "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())\n"
+        "assert not logging.getLogger('trainforge').handlers\n"
+        "assert not logging.getLogger().handlers\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: trainforge.report({"loss": 1.0}),
+        lambda: trainforge.get_context(),
+        lambda: trainforge.get_checkpoint(),
+        lambda: trainforge.get_dataset_shard("train"),
+    ],
+    ids=["report", "get_context", "get_checkpoint", "get_dataset_shard"],
+)
+def test_worker_functions_outside_a_worker(call):
+    with pytest.raises(RuntimeError) as info:
+        call()
+    msg = str(info.value)
+    assert "train loop" in msg and "trainer" in msg
+
+
+# -- train loop signatures ----------------------------------------------------------------------------
+
+
+def no_args():
+    pass
+
+
+def one_arg(config):
+    pass
+
+
+def with_defaults(config, verbose=False, *, seed=0):
+    pass
+
+
+def only_defaults(config=None):
+    pass
+
+
+def varargs(*args, **kwargs):
+    pass
+
+
+async def async_loop(config):
+    pass
+
+
+class CallableWithConfig:
+    def __call__(self, config):
+        pass
+
+
+class CallableNoArgs:
+    def __call__(self):
+        pass
+
+
+class Holder:
+    def method(self, config):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("fn", "takes_config"),
+    [
+        (no_args, False),
+        (one_arg, True),
+        (lambda: None, False),
+        (lambda config: None, True),
+        (async_loop, True),
+        (CallableWithConfig(), True),
+        (CallableNoArgs(), False),
+        (with_defaults, True),
+        (only_defaults, True),
+        (varargs, True),
+        (Holder().method, True),
+        (functools.partial(lambda a, config: None, 1), True),
+    ],
+    ids=[
+        "no_args",
+        "one_arg",
+        "lambda0",
+        "lambda1",
+        "async",
+        "callable1",
+        "callable0",
+        "defaults",
+        "only_defaults",
+        "varargs",
+        "bound_method",
+        "partial",
+    ],
+)
+def test_check_train_loop_accepts(fn, takes_config):
+    assert check_train_loop(fn) is takes_config
+
+
+def test_check_train_loop_rejects_two_required_args():
+    def train(config, model):
+        pass
+
+    with pytest.raises(TypeError) as info:
+        check_train_loop(train)
+    msg = str(info.value)
+    assert "'train'" in msg and "2 required arguments" in msg and "(config, model)" in msg
+    assert "train_loop_config" in msg
+
+
+def test_check_train_loop_rejects_lambda_with_two_args():
+    with pytest.raises(TypeError, match=r"\(a, b\)"):
+        check_train_loop(lambda a, b: None)
+
+
+def test_check_train_loop_rejects_non_callable():
+    with pytest.raises(TypeError, match="must be a callable"):
+        check_train_loop({"not": "callable"})
+
+
+def test_check_train_loop_rejects_required_keyword_only():
+    def train(config, *, lr):
+        pass
+
+    with pytest.raises(TypeError, match="lr"):
+        check_train_loop(train)
+
+
+def test_trainer_checks_the_loop_before_starting(tmp_path):
+    def train(config, model):
+        pass
+
+    with pytest.raises(TypeError, match="config, model"):
+        trainforge.DataParallelTrainer(train, run_config=trainforge.RunConfig(storage_path=str(tmp_path)))
+    assert list(tmp_path.iterdir()) == []  # nothing was created

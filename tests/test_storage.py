@@ -1,0 +1,263 @@
+"""The run directory and the checkpoint commit protocol, on local disk and on fsspec's memory://."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainforge._internal.checkpoint import Checkpoint
+from trainforge._internal.storage import (
+    COMMIT_MARKER,
+    STAGING_DIR,
+    StorageContext,
+    dumps,
+    resolve_filesystem,
+)
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def read_tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def storage(tmp_path) -> StorageContext:
+    s = StorageContext(str(tmp_path / "results"), "run")
+    s.prepare()
+    return s
+
+
+# -- layout -------------------------------------------------------------------------------------------
+
+
+def test_prepare_creates_run_dir_and_leaves_no_probe(tmp_path):
+    s = StorageContext(str(tmp_path / "a" / "b"), "exp")
+    s.prepare()
+    run = tmp_path / "a" / "b" / "exp"
+    assert s.run_path == str(run)
+    assert sorted(p.name for p in run.iterdir()) == [STAGING_DIR]
+
+
+def test_staging_path_layout(storage):
+    assert storage.staging_path(2, 5) == storage.path(STAGING_DIR, "a2_r5")
+    assert storage.staging_path(2, 5, 3) == storage.path(STAGING_DIR, "a2_r5", "rank_3")
+
+
+def test_file_url_is_local(tmp_path):
+    fs, path = resolve_filesystem(f"file://{tmp_path}")
+    assert fs is None and path == str(tmp_path)
+
+
+def test_prepare_under_a_regular_file_names_the_path(tmp_path):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("x")
+    storage_path = str(blocker / "results")
+    s = StorageContext(storage_path, "run")
+    with pytest.raises(ValueError) as info:
+        s.prepare()
+    msg = str(info.value)
+    assert repr(storage_path) in msg
+    assert "cannot be written" in msg
+    assert isinstance(info.value.__cause__, OSError)
+
+
+def test_resolve_filesystem_unknown_protocol_has_hint():
+    with pytest.raises(ValueError) as info:
+        resolve_filesystem("nosuchproto://bucket/x")
+    msg = str(info.value)
+    assert "'nosuchproto://bucket/x'" in msg
+    assert "To fix" in msg and "nosuchproto://" in msg
+
+
+def test_write_and_read_text(storage):
+    storage.write_text("note.txt", "hello")
+    assert storage.read_text("note.txt") == "hello"
+    assert storage.read_text("missing.txt") is None
+    assert not Path(storage.path("note.txt.tmp")).exists()
+
+
+def test_dumps_handles_numpy_like_scalars():
+    class Scalar:
+        def item(self):
+            return 1.5
+
+    class Opaque:
+        def __repr__(self):
+            return "<opaque>"
+
+    assert json.loads(dumps({"a": Scalar(), "b": Opaque()})) == {"a": 1.5, "b": "<opaque>"}
+
+
+# -- commit protocol (local) --------------------------------------------------------------------------
+
+
+def stage(
+    storage: StorageContext, tmp_path: Path, attempt: int, index: int, rank: int, files: dict[str, str]
+):
+    src = write_tree(tmp_path / f"src_{attempt}_{index}_{rank}", files)
+    storage.stage_checkpoint(str(src), attempt, index, rank)
+
+
+def test_commit_merges_ranks_lowest_rank_wins(storage, tmp_path):
+    stage(storage, tmp_path, 0, 3, 2, {"shared.bin": "rank2", "r2.txt": "2"})
+    stage(storage, tmp_path, 0, 3, 0, {"shared.bin": "rank0", "sub/r0.txt": "0"})
+    stage(storage, tmp_path, 0, 3, 1, {"shared.bin": "rank1", "sub/r1.txt": "1"})
+    ckpt = storage.commit_checkpoint(0, 3, [2, 1, 0], seq=7, metrics={"loss": 0.25})
+    assert ckpt.path == storage.path("checkpoint_000007")
+    assert ckpt.filesystem is None
+    tree = read_tree(Path(ckpt.path))
+    marker = json.loads(tree.pop(COMMIT_MARKER))
+    assert tree == {"shared.bin": "rank0", "sub/r0.txt": "0", "sub/r1.txt": "1", "r2.txt": "2"}
+    assert marker["index"] == 7 and marker["report_index"] == 3 and marker["attempt"] == 0
+    assert marker["ranks"] == [0, 1, 2] and marker["metrics"] == {"loss": 0.25}
+    assert not Path(storage.staging_path(0, 3)).exists()
+
+
+def test_commit_only_merges_the_given_ranks(storage, tmp_path):
+    stage(storage, tmp_path, 1, 0, 0, {"a": "0"})
+    stage(storage, tmp_path, 1, 0, 1, {"b": "1"})
+    ckpt = storage.commit_checkpoint(1, 0, [1], seq=0, metrics={})
+    assert set(read_tree(Path(ckpt.path))) == {"b", COMMIT_MARKER}
+
+
+def test_commit_replaces_leftovers_of_an_interrupted_commit(storage, tmp_path):
+    write_tree(Path(storage.path("checkpoint_000000")), {"stale.txt": "old"})
+    stage(storage, tmp_path, 0, 0, 0, {"fresh.txt": "new"})
+    ckpt = storage.commit_checkpoint(0, 0, [0], seq=0, metrics={})
+    assert set(read_tree(Path(ckpt.path))) == {"fresh.txt", COMMIT_MARKER}
+
+
+def test_stage_copies_so_source_can_be_deleted(storage, tmp_path):
+    src = write_tree(tmp_path / "user_dir", {"model.pt": "weights"})
+    storage.stage_checkpoint(str(src), 0, 0, 0)
+    (src / "model.pt").unlink()
+    ckpt = storage.commit_checkpoint(0, 0, [0], 0, {})
+    assert (Path(ckpt.path) / "model.pt").read_text() == "weights"
+
+
+def test_list_checkpoints_only_committed_in_index_order(storage, tmp_path):
+    for seq in (2, 0, 1):
+        stage(storage, tmp_path, 0, seq, 0, {"f": str(seq)})
+        storage.commit_checkpoint(0, seq, [0], seq, {"seq": seq})
+    write_tree(Path(storage.path("checkpoint_000003")), {"partial.bin": "no marker"})
+    write_tree(Path(storage.path("checkpoint_000004")), {COMMIT_MARKER: "{not json"})
+    listed = storage.list_checkpoints()
+    assert [c.path for c, _ in listed] == [storage.path(f"checkpoint_{i:06d}") for i in range(3)]
+    assert [m["metrics"] for _, m in listed] == [{"seq": 0}, {"seq": 1}, {"seq": 2}]
+    assert all(isinstance(c, Checkpoint) for c, _ in listed)
+
+
+def test_list_checkpoints_of_a_missing_dir_is_empty(tmp_path):
+    assert StorageContext(str(tmp_path), "never_prepared").list_checkpoints() == []
+
+
+def test_remove_uncommitted(storage, tmp_path):
+    stage(storage, tmp_path, 0, 0, 0, {"f": "0"})
+    committed = storage.commit_checkpoint(0, 0, [0], 0, {})
+    write_tree(Path(storage.path("checkpoint_000001")), {"half.bin": "x"})
+    stage(storage, tmp_path, 0, 1, 0, {"g": "1"})
+    stage(storage, tmp_path, 3, 9, 2, {"h": "2"})
+    storage.remove_uncommitted()
+    assert Path(committed.path, "f").exists()
+    assert not Path(storage.path("checkpoint_000001")).exists()
+    assert list(Path(storage.path(STAGING_DIR)).iterdir()) == []
+
+
+def test_prepare_removes_an_interrupted_runs_leftovers(tmp_path):
+    s = StorageContext(str(tmp_path), "run")
+    s.prepare()
+    write_tree(Path(s.path("checkpoint_000000")), {"x": "no marker"})
+    write_tree(Path(s.staging_path(0, 0, 0)), {"y": "staged"})
+    StorageContext(str(tmp_path), "run").prepare()
+    assert not Path(s.path("checkpoint_000000")).exists()
+    assert not Path(s.staging_path(0, 0)).exists()
+
+
+def test_discard_staged(storage, tmp_path):
+    stage(storage, tmp_path, 0, 4, 0, {"f": "0"})
+    stage(storage, tmp_path, 0, 5, 0, {"f": "0"})
+    storage.discard_staged(0, 4)
+    assert not Path(storage.staging_path(0, 4)).exists()
+    assert Path(storage.staging_path(0, 5, 0), "f").exists()
+    storage.discard_staged(0, 99)  # nothing staged: no error
+
+
+def test_delete_checkpoint(storage, tmp_path):
+    stage(storage, tmp_path, 0, 0, 0, {"f": "0"})
+    stage(storage, tmp_path, 0, 1, 0, {"f": "1"})
+    first = storage.commit_checkpoint(0, 0, [0], 0, {})
+    second = storage.commit_checkpoint(0, 1, [0], 1, {})
+    storage.delete_checkpoint(first)
+    assert not Path(first.path).exists()
+    assert [c.path for c, _ in storage.list_checkpoints()] == [second.path]
+    storage.delete_checkpoint(first)  # already gone: no error
+
+
+# -- memory:// ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def memory_storage():
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    MemoryFileSystem.store.clear()
+    MemoryFileSystem.pseudo_dirs[:] = [""]
+    s = StorageContext("memory://bucket/results", "run")
+    s.prepare()
+    yield s
+    MemoryFileSystem.store.clear()
+    MemoryFileSystem.pseudo_dirs[:] = [""]
+
+
+def test_memory_storage_is_remote(memory_storage):
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    assert isinstance(memory_storage.fs, MemoryFileSystem)
+    assert not memory_storage.is_local
+    assert memory_storage.run_path == "/bucket/results/run"
+
+
+def test_memory_commit_list_delete(memory_storage, tmp_path):
+    s = memory_storage
+    fs = s.fs
+    stage(s, tmp_path, 0, 0, 1, {"shared.txt": "rank1", "r1/opt.pt": "o"})
+    stage(s, tmp_path, 0, 0, 0, {"shared.txt": "rank0", "model.pt": "m"})
+    ckpt = s.commit_checkpoint(0, 0, [0, 1], 0, {"acc": 0.9})
+    assert ckpt.filesystem is fs and not ckpt.is_local
+    root = s.path("checkpoint_000000")
+    assert ckpt.path == root
+    assert fs.cat(root + "/shared.txt") == b"rank0"
+    assert fs.cat(root + "/model.pt") == b"m"
+    assert fs.cat(root + "/r1/opt.pt") == b"o"
+    assert json.loads(fs.cat(root + "/" + COMMIT_MARKER))["metrics"] == {"acc": 0.9}
+    assert not fs.exists(s.staging_path(0, 0))
+
+    # an uncommitted dir is not listed
+    fs.pipe(s.path("checkpoint_000001", "partial.bin"), b"x")
+    assert [c.path for c, _ in s.list_checkpoints()] == [root]
+
+    # a remote checkpoint is downloaded for use
+    with ckpt.as_directory() as local:
+        assert Path(local, "model.pt").read_text() == "m"
+        downloaded = local
+    assert not Path(downloaded).exists()
+
+    s.remove_uncommitted()
+    assert not fs.exists(s.path("checkpoint_000001"))
+    s.delete_checkpoint(ckpt)
+    assert not fs.exists(root)
+    assert s.list_checkpoints() == []
+
+
+def test_memory_write_and_read_text(memory_storage):
+    memory_storage.write_text("run_state.json", '{"a": 1}')
+    assert memory_storage.read_text("run_state.json") == '{"a": 1}'
+    assert memory_storage.read_text("nope") is None

@@ -1,0 +1,180 @@
+"""``TorchConfig`` and the backend that sets up ``torch.distributed`` on every worker.
+
+torch is not imported here at module level: the driver builds a ``TorchConfig`` without importing
+torch; the functions run on workers import it when they run.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from trainforge._internal.backend import Backend, BackendConfig
+from trainforge._internal.constants import (
+    ENV_LOCAL_RANK,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_RANK,
+)
+
+TORCH_BACKENDS = (None, "gloo", "nccl")
+INIT_METHODS = ("env", "tcp")
+
+
+@dataclass
+class TorchConfig(BackendConfig):
+    """How the workers' ``torch.distributed`` process group is set up.
+
+    Example::
+
+        TorchTrainer(train_loop, torch_config=TorchConfig(backend="gloo", timeout_s=600), ...)
+
+    ``backend``: ``"nccl"`` or ``"gloo"``; ``None`` picks ``"nccl"`` on workers that have a GPU and
+    ``"gloo"`` otherwise. ``init_method``: how workers find each other: ``"env"`` (``MASTER_ADDR`` /
+    ``MASTER_PORT`` are set on every worker) or ``"tcp"``; both rendezvous over TCP at rank 0.
+    ``timeout_s``: seconds a collective may wait before it fails.
+    """
+
+    backend: str | None = None
+    init_method: str = "env"
+    timeout_s: int = 1800
+
+    def __post_init__(self) -> None:
+        if self.backend not in TORCH_BACKENDS:
+            raise ValueError(
+                f"TorchConfig.backend={self.backend!r} is not valid: choose one of {TORCH_BACKENDS} "
+                "(None picks 'nccl' on GPU workers, 'gloo' otherwise)."
+            )
+        if self.init_method not in INIT_METHODS:
+            raise ValueError(
+                f"TorchConfig.init_method={self.init_method!r} is not valid: choose one of {INIT_METHODS}."
+            )
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+            raise ValueError(f"TorchConfig.timeout_s={t!r} is not valid: it must be a number of seconds > 0.")
+
+    @property
+    def backend_cls(self) -> type[Backend]:
+        return _TorchBackend
+
+    @property
+    def framework(self) -> str | None:
+        return "torch"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "init_method": self.init_method, "timeout_s": self.timeout_s}
+
+
+class _TorchBackend(Backend):
+    """Creates the process group on ``on_start`` (rendezvous at rank 0) and destroys it on shutdown."""
+
+    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
+        assert isinstance(backend_config, TorchConfig)
+        hostname, node_ip, port = worker_group.execute_single(0, _rank0_address_and_port)
+        addr = "127.0.0.1" if _all_on_host(worker_group, hostname) else node_ip
+        worker_group.execute(
+            _setup_process_group,
+            addr,
+            port,
+            backend_config.backend,
+            worker_group.num_workers,
+            backend_config.timeout_s,
+            backend_config.init_method,
+        )
+
+    def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
+        worker_group.execute(_shutdown)
+
+
+def _all_on_host(worker_group: Any, hostname: str) -> bool:
+    """True when every worker runs on ``hostname``, so rank 0 is reachable on the loopback address."""
+    try:
+        hosts = {m.hostname for m in worker_group.worker_metadata}
+    except Exception:  # a group that cannot say where its workers are: compare with the driver
+        hosts = {socket.gethostname()}
+    return hosts <= {hostname}
+
+
+# -- run on the workers (module-level so they pickle by reference) -------------------------------
+def _node_ip() -> str:
+    """An address of this machine that other machines can reach (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            return s.getsockname()[0]
+    except OSError:
+        pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _rank0_address_and_port() -> tuple[str, str, int]:
+    return socket.gethostname(), _node_ip(), _free_port()
+
+
+def _resolve_torch_backend(backend: str | None) -> str:
+    import torch
+
+    if backend is None:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise RuntimeError(
+            "TorchConfig(backend='nccl') needs a GPU on every worker, but torch.cuda.is_available() is "
+            "False on this worker. Use ScalingConfig(use_gpu=True), or TorchConfig(backend='gloo') for CPU."
+        )
+    return backend
+
+
+def _setup_process_group(
+    master_addr: str,
+    master_port: int,
+    backend: str | None,
+    world_size: int,
+    timeout_s: float,
+    init_method: str = "tcp",
+) -> None:
+    """Join the process group of ``world_size`` workers whose rendezvous is ``master_addr:master_port``.
+
+    The rank is this worker's ``RANK`` (set by trainforge for every worker).
+    """
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ[ENV_RANK])
+    os.environ[ENV_MASTER_ADDR] = master_addr
+    os.environ[ENV_MASTER_PORT] = str(master_port)
+    backend = _resolve_torch_backend(backend)
+    if backend == "nccl":
+        count = torch.cuda.device_count()
+        torch.cuda.set_device(int(os.environ.get(ENV_LOCAL_RANK, "0")) % count)
+    if dist.is_initialized():  # a previous attempt in this process left one behind
+        dist.destroy_process_group()
+    dist.init_process_group(
+        backend,
+        init_method="env://" if init_method == "env" else f"tcp://{master_addr}:{master_port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def _shutdown() -> None:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # tearing down: a broken group must not hide the real result
+        pass
