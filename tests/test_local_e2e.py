@@ -212,7 +212,7 @@ def test_datasets_split_and_whole(tmp_path):
 def test_dataset_types_through_workers(tmp_path, make):
     def loop():
         shard = train.get_dataset_shard("train")
-        rows = [(int(a), int(b)) for batch in shard.iter_batches(batch_size=3) for a, b in zip(batch["a"], batch["b"])]
+        rows = [(int(a), int(b)) for batch in shard.iter_batches(batch_size=3) for a, b in zip(batch["a"], batch["b"], strict=True)]
         torch_rows = sum(len(b["a"]) for b in shard.iter_torch_batches(batch_size=2))
         train.report({"rows": rows, "torch_rows": torch_rows})
 
@@ -378,7 +378,6 @@ def test_sys_path_of_driver_is_used_by_workers(tmp_path):
         import my_helper_mod  # noqa: F401
 
         def loop():
-            import my_helper_mod
 
             train.report({"v": my_helper_mod.VALUE})
 

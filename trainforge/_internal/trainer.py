@@ -7,10 +7,9 @@ import logging
 import os
 import secrets
 import signal
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from trainforge._internal.backend import BackendConfig, resolve_backend
@@ -46,7 +45,7 @@ class TrainingIterator:
         result = run.result
     """
 
-    def __init__(self, gen: Iterator[TrainingReport]):
+    def __init__(self, gen: Generator[TrainingReport, None, Result]):
         self._gen = gen
         self.result: Result | None = None
 
@@ -313,7 +312,7 @@ class DataParallelTrainer:
 
         return make
 
-    def _run(self) -> Iterator[TrainingReport]:
+    def _run(self) -> Generator[TrainingReport, None, Result]:
         from trainforge._internal.datasets import shard_datasets
         from trainforge._internal.worker_group.local import LocalWorkerGroup
 
@@ -398,6 +397,3 @@ def _split(
             out[rank][key] = next(iter(per_rank[rank].values()))
     return out
 
-
-if sys.version_info < (3, 10):  # pragma: no cover
-    raise ImportError("trainforge needs Python >= 3.10")

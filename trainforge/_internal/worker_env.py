@@ -23,7 +23,8 @@ def local_gpu_ids() -> list[str]:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    return [str(i) for i, line in enumerate(l for l in out.splitlines() if l.startswith("GPU "))]
+    gpus = [line for line in out.splitlines() if line.startswith("GPU ")]
+    return [str(i) for i in range(len(gpus))]
 
 
 def assign_gpus(num_workers: int, gpus_per_worker: float, available: list[str]) -> list[list[str]]:

@@ -332,7 +332,7 @@ class LocalWorkerGroup(WorkerGroup):
 
     # -- training ---------------------------------------------------------------------------------
     def start_training(self, payloads: list[bytes]) -> None:
-        for w, blob in zip(self._workers, payloads):
+        for w, blob in zip(self._workers, payloads, strict=True):
             self._send(w, ("train", blob))
 
     def poll(self, timeout: float) -> list[Event]:
