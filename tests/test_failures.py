@@ -10,11 +10,10 @@ import sys
 import time
 
 import pytest
+from procutil import pid_alive, wait_until_gone
 
 import trainforge as train
-from trainforge import DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
-
-from procutil import pid_alive, wait_until_gone
+from trainforge import DataParallelTrainer, RunConfig, ScalingConfig, TrainingFailedError
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 

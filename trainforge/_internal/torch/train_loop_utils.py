@@ -173,7 +173,7 @@ def _with_distributed_sampler(loader: DataLoader, world_size: int, rank: int) ->
             "pass add_dist_sampler=False to keep it and shard the data yourself.",
             type(loader.sampler).__name__,
         )
-    sampler = DistributedSampler(
+    sampler: DistributedSampler[Any] = DistributedSampler(
         loader.dataset,
         num_replicas=world_size,
         rank=rank,
@@ -210,7 +210,7 @@ def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
     if isinstance(batch, Mapping):
         moved = {k: _to_device(v, device, non_blocking) for k, v in batch.items()}
         try:
-            return type(batch)(moved)
+            return type(batch)(moved)  # type: ignore[call-arg]
         except TypeError:
             return moved
     return batch

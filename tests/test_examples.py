@@ -1,0 +1,48 @@
+"""End-to-end: run each example script as a user would, in a fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+
+
+def run_example(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    # The script's own directory is sys.path[0]; make the checkout importable as if installed.
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": pythonpath},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, (
+        f"{script} exited with {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    )
+    return proc
+
+
+@pytest.mark.slow
+def test_digits_reaches_95_percent(tmp_path):
+    proc = run_example("digits.py", "--storage-path", str(tmp_path))
+    matches = re.findall(r"test_accuracy['\"]?\s*[:=]\s*([0-9.]+)", proc.stdout)
+    assert matches, proc.stdout
+    assert float(matches[-1]) >= 0.95, proc.stdout
+    match = re.search(r"^checkpoint: (.+)$", proc.stdout, re.MULTILINE)
+    assert match and match.group(1) != "None", proc.stdout
+    assert Path(match.group(1), "model.pt").is_file()
+
+
+@pytest.mark.slow
+def test_plain_data_parallel_sees_every_item_once(tmp_path):
+    proc = run_example("plain_data_parallel.py", "--storage-path", str(tmp_path))
+    assert "every item seen exactly once: [1, 2, 3]" in proc.stdout, proc.stdout
