@@ -29,6 +29,7 @@ ENV_AUTHKEY = "TRAINFORGE_AUTHKEY"
 ENV_WORKER_RANK = "TRAINFORGE_WORKER_RANK"
 
 _STOP = object()
+BATCH_LINGER_S = 0.05
 
 
 def _set_parent_death_signal() -> None:
@@ -52,6 +53,7 @@ class _Channel:
         self.conn = conn
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._urgent = threading.Event()
         self._reader = threading.Thread(target=self._read_loop, name="trainforge-reader", daemon=True)
         self._sender = threading.Thread(target=self._send_loop, name="trainforge-sender", daemon=True)
         self._reader.start()
@@ -68,29 +70,51 @@ class _Channel:
 
     def _send_loop(self) -> None:
         while True:
-            item = self._outbox.get()
-            if item is _STOP:
+            first = self._outbox.get()
+            if first is _STOP:
                 return
-            msg, sent = item
+            batch = [first]
+            if first[1] is None and first[0][0] == "report":
+                # Metrics-only reports wait up to BATCH_LINGER_S for company: one socket write and one
+                # driver wake-up per batch instead of per report. Anything urgent cuts this short.
+                self._urgent.wait(BATCH_LINGER_S)
+            self._urgent.clear()
+            stop = False
+            while True:
+                try:
+                    item = self._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stop = True
+                    break
+                batch.append(item)
+            msgs = [msg for msg, _ in batch]
             try:
-                self.conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+                payload = msgs[0] if len(msgs) == 1 else ("batch", msgs)
+                self.conn.send_bytes(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
             except (EOFError, OSError):
                 os._exit(17)
-            if sent is not None:
-                sent.set()
+            for _, sent in batch:
+                if sent is not None:
+                    sent.set()
+            if stop:
+                return
 
     def send(self, msg: tuple, wait: bool = False) -> None:
-        """Queue ``msg``; with ``wait`` return only once it is in the socket (so it reaches the
-        driver even if this process is killed right after)."""
-        if not wait:
-            self._outbox.put((msg, None))
-            return
-        sent = threading.Event()
+        """Queue ``msg``. Metrics-only reports may be held back up to BATCH_LINGER_S and sent in a
+        batch; everything else goes out at once. With ``wait``, return only once the message is in
+        the socket (so it reaches the driver even if this process is killed right after)."""
+        sent = threading.Event() if wait else None
         self._outbox.put((msg, sent))
-        sent.wait()
+        if wait or msg[0] != "report":
+            self._urgent.set()
+        if sent is not None:
+            sent.wait()
 
     def flush_and_close(self) -> None:
         self._outbox.put(_STOP)
+        self._urgent.set()
         self._sender.join(timeout=30)
 
 
@@ -163,10 +187,15 @@ def main() -> int:
         elif kind == "train":
             _run_training(channel, cmd[1])
         elif kind == "exit":
+            # Run the user's atexit handlers, then skip the interpreter's module teardown, which
+            # takes up to a second with torch loaded and does nothing useful here.
+            import atexit
+
+            atexit._run_exitfuncs()
             sys.stdout.flush()
             sys.stderr.flush()
             channel.flush_and_close()
-            return 0
+            os._exit(0)
 
 
 if __name__ == "__main__":

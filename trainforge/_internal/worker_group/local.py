@@ -224,7 +224,10 @@ class LocalWorkerGroup(WorkerGroup):
 
     def _dispatch(self, w: _Worker, msg: tuple) -> None:
         kind = msg[0]
-        if kind == "report":
+        if kind == "batch":
+            for m in msg[1]:
+                self._dispatch(w, m)
+        elif kind == "report":
             _, index, payload, staged, t = msg
             self._events.append(ReportEvent(w.rank, index, pickle.loads(payload), staged, t))
         elif kind == "result":
