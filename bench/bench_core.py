@@ -1,0 +1,911 @@
+#!/usr/bin/env python
+"""Core benchmark: trainforge vs raw torch DDP (``torch.multiprocessing.spawn``), 2 CPU workers, gloo.
+
+    python bench/bench_core.py [--repeats 3] [--markdown]
+
+Measures, for the same small MLP (64->256->256->10, synthetic data, batch 64, SGD):
+
+1. time to first step: driver start (after ``import torch``; just before ``mp.spawn`` / ``trainer.fit()``)
+   until rank 0 has finished its first ``optimizer.step()``;
+2. steady throughput: steps/s over ``--steps`` steps after ``--warmup`` steps, trainforge calling
+   ``trainforge.report({"loss": ..., "step": i})`` every step, raw DDP not reporting (both call ``loss.item()``);
+3. ``report()`` cost: microseconds per metrics-only call in a tight loop inside a worker;
+4. peak RSS of the driver's process tree (driver + all descendants, sampled every 50 ms) during the
+   throughput runs.
+
+Every measurement runs in a fresh driver subprocess (``--variant NAME``), so that no variant benefits
+from imports warmed up by another; variants alternate (raw, trainforge, raw, ...) and the table shows
+medians. Results go to ``bench/results/core.json``. Ray Train is measured too when ``ray.train`` imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(BENCH_DIR)
+DEFAULT_JSON = os.path.join(BENCH_DIR, "results", "core.json")
+
+WORLD_SIZE = 2
+BATCH = 64
+IN_DIM, HIDDEN, OUT_DIM = 64, 256, 10
+LR = 0.01
+N_BATCHES = 16  # pre-generated synthetic batches, cycled
+
+FRAMEWORKS = ("raw", "trainforge", "ray")
+METRICS = ("first_step", "throughput", "report_cost")
+LABELS = {"raw": "raw DDP", "trainforge": "trainforge", "ray": "Ray Train"}
+
+TARGET_FIRST_STEP_RATIO = 1.2  # trainforge / raw, at most
+TARGET_THROUGHPUT_RATIO = 0.98  # trainforge / raw, at least
+TARGET_REPORT_US = 50.0  # at most
+
+
+# --------------------------------------------------------------------------------------------------
+# The workload, shared by every variant.
+# --------------------------------------------------------------------------------------------------
+def make_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(IN_DIM, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT_DIM)
+    )
+
+
+def make_batches(rank: int, n: int = N_BATCHES) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1234 + rank)
+    return [
+        (torch.randn(BATCH, IN_DIM, generator=g), torch.randint(0, OUT_DIM, (BATCH,), generator=g))
+        for _ in range(n)
+    ]
+
+
+def train_step(
+    model: nn.Module, opt: torch.optim.Optimizer, loss_fn: nn.Module, batch: tuple
+) -> torch.Tensor:
+    x, y = batch
+    opt.zero_grad(set_to_none=True)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def proc_start_wall() -> float:
+    """Wall-clock time at which this process started (10 ms resolution; psutil's is off by up to 1 s)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def _timed_loop(model, opt, loss_fn, batches, steps: int, warmup: int, on_step, chunks: int = 10) -> dict:
+    """Run warmup + timed steps; ``on_step(loss_value, i)`` after each.
+
+    Returns steps/s over all timed steps, steps/s of each of ``chunks`` equal slices (to see noise
+    from other processes) and this process's CPU time per step (all its threads; waiting for the
+    other rank does not count, so this stays meaningful on a busy machine).
+    """
+    for i in range(warmup):
+        on_step(train_step(model, opt, loss_fn, batches[i % len(batches)]).item(), i)
+    bounds = [warmup + steps * k // chunks for k in range(chunks + 1)]
+    chunk_rates = []
+    cpu0 = time.process_time()
+    t = time.perf_counter()
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        tc = time.perf_counter()
+        for i in range(lo, hi):
+            on_step(train_step(model, opt, loss_fn, batches[i % len(batches)]).item(), i)
+        chunk_rates.append((hi - lo) / (time.perf_counter() - tc))
+    elapsed = time.perf_counter() - t
+    return {
+        "steps_per_s": steps / elapsed,
+        "chunk_steps_per_s": chunk_rates,
+        "cpu_ms_per_step": (time.process_time() - cpu0) / steps * 1e3,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Raw DDP workers (module level so that mp.spawn children can unpickle them).
+# --------------------------------------------------------------------------------------------------
+def _raw_teardown() -> None:
+    # Without the barrier, gloo may abort ("terminate called without an active exception") when one
+    # rank tears down while the other is still connected.
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def raw_first_step_worker(rank: int, port: int, out_path: str) -> None:
+    t_entry = time.time()
+    t_proc = proc_start_wall()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
+    t_pg = time.time()
+    model = DistributedDataParallel(make_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    loss_fn = nn.CrossEntropyLoss()
+    batches = make_batches(rank, n=1)
+    t_model = time.time()
+    loss = train_step(model, opt, loss_fn, batches[0])
+    t_step = time.time()
+    loss_value = loss.item()
+    if rank == 0:
+        _write_json(
+            out_path,
+            {
+                "first_step_t": t_step,
+                "t_proc": t_proc,
+                "t_entry": t_entry,
+                "t_pg": t_pg,
+                "t_model": t_model,
+                "loss": loss_value,
+                "num_threads": torch.get_num_threads(),
+            },
+        )
+    _raw_teardown()
+
+
+def raw_throughput_worker(rank: int, port: int, out_path: str, steps: int, warmup: int) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
+    model = DistributedDataParallel(make_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    timing = _timed_loop(
+        model, opt, nn.CrossEntropyLoss(), make_batches(rank), steps, warmup, lambda v, i: None
+    )
+    if rank == 0:
+        _write_json(out_path, {**timing, "num_threads": torch.get_num_threads()})
+    _raw_teardown()
+
+
+# --------------------------------------------------------------------------------------------------
+# trainforge / Ray Train loops (the same code runs on both; config["framework"] picks the API).
+# --------------------------------------------------------------------------------------------------
+def _train_api(framework: str):
+    if framework == "ray":
+        import ray.train as train
+        from ray.train.torch import prepare_model
+    else:
+        import trainforge as train
+        from trainforge.torch import prepare_model
+    return train, prepare_model
+
+
+def fw_first_step_loop(config: dict) -> None:
+    t_entry = time.time()
+    t_proc = proc_start_wall()
+    pg_ready = dist.is_available() and dist.is_initialized()
+    train, prepare_model = _train_api(config["framework"])
+    rank = train.get_context().get_world_rank()
+    model = prepare_model(make_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    loss_fn = nn.CrossEntropyLoss()
+    batches = make_batches(rank, n=1)
+    t_model = time.time()
+    loss = train_step(model, opt, loss_fn, batches[0])
+    t_step = time.time()
+    train.report(
+        {
+            "first_step_t": t_step,
+            "t_proc": t_proc,
+            "t_entry": t_entry,
+            "t_pg": t_entry if pg_ready else float("nan"),
+            "t_model": t_model,
+            "loss": loss.item(),
+            "rank": rank,
+            "ddp": isinstance(model, DistributedDataParallel),
+            "num_threads": torch.get_num_threads(),
+        }
+    )
+
+
+def fw_throughput_loop(config: dict) -> None:
+    train, prepare_model = _train_api(config["framework"])
+    rank = train.get_context().get_world_rank()
+    model = prepare_model(make_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+
+    in_report = [0.0]  # seconds spent inside report() during the timed steps
+
+    def on_step(loss_value: float, i: int) -> None:
+        t = time.perf_counter()
+        train.report({"loss": loss_value, "step": i})
+        if i >= config["warmup"]:
+            in_report[0] += time.perf_counter() - t
+
+    timing = _timed_loop(
+        model, opt, nn.CrossEntropyLoss(), make_batches(rank), config["steps"], config["warmup"], on_step
+    )
+    train.report(
+        {
+            **timing,
+            "report_share": in_report[0] * timing["steps_per_s"] / config["steps"],
+            "rank": rank,
+            "ddp": isinstance(model, DistributedDataParallel),
+            "num_threads": torch.get_num_threads(),
+        }
+    )
+
+
+def fw_report_cost_loop(config: dict) -> None:
+    train, _ = _train_api(config["framework"])
+    rank = train.get_context().get_world_rank()
+    calls, chunk = config["calls"], config["chunk"]
+    for i in range(200):  # warm-up: first calls may start threads, allocate buffers
+        train.report({"loss": 0.1, "step": i})
+    chunks_us = []
+    i = 0
+    for _ in range(calls // chunk):
+        t = time.perf_counter()
+        for _ in range(chunk):
+            train.report({"loss": 0.1, "step": i})
+            i += 1
+        chunks_us.append((time.perf_counter() - t) / chunk * 1e6)
+    train.report(
+        {
+            "report_us": statistics.median(chunks_us),
+            "chunks_us": chunks_us,
+            "loop_done_t": time.time(),
+            "rank": rank,
+        }
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Driver side of one variant (runs in a fresh subprocess).
+# --------------------------------------------------------------------------------------------------
+class TreeRssSampler:
+    """Samples the summed RSS of this process and all its descendants every ``interval_s``."""
+
+    def __init__(self, interval_s: float = 0.05):
+        import psutil
+
+        self._psutil = psutil
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self.peak_bytes = 0
+        self.peak_nprocs = 0
+        self.samples = 0
+
+    def _run(self) -> None:
+        psutil = self._psutil
+        me = psutil.Process()
+        while True:
+            total, nprocs = 0, 0
+            try:
+                procs = [me, *me.children(recursive=True)]
+            except psutil.Error:
+                procs = [me]
+            for p in procs:
+                try:
+                    total += p.memory_info().rss
+                    nprocs += 1
+                except psutil.Error:
+                    pass
+            self.samples += 1
+            if total > self.peak_bytes:
+                self.peak_bytes, self.peak_nprocs = total, nprocs
+            if self._stop.wait(self._interval_s):
+                return
+
+    def _cpu(self) -> tuple[float, float, float]:
+        """CPU seconds used by the whole machine, by this process and its reaped descendants, by this process."""
+        m = self._psutil.cpu_times()
+        machine = sum(getattr(m, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq", "steal"))
+        t = os.times()
+        return machine, t.user + t.system + t.children_user + t.children_system, t.user + t.system
+
+    def __enter__(self) -> TreeRssSampler:
+        self._cpu0 = self._cpu()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        machine, tree, driver = self._cpu()
+        self.tree_cpu_s = tree - self._cpu0[1]
+        self.driver_cpu_s = driver - self._cpu0[2]
+        # CPU time other processes on the machine took while this run went on: noise for the benchmark.
+        self.foreign_cpu_s = max(0.0, (machine - self._cpu0[0]) - self.tree_cpu_s)
+
+    def as_dict(self) -> dict:
+        return {
+            "peak_rss_mb": self.peak_bytes / 2**20,
+            "peak_nprocs": self.peak_nprocs,
+            "samples": self.samples,
+            "tree_cpu_s": self.tree_cpu_s,
+            "driver_cpu_s": self.driver_cpu_s,
+            "foreign_cpu_s": self.foreign_cpu_s,
+        }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+def drive_raw(kind: str, args: argparse.Namespace) -> dict:
+    os.environ["OMP_NUM_THREADS"] = "1"  # what trainforge gives each worker by default (1 CPU per worker)
+    port = _free_port()
+    worker_out = os.path.join(args.workdir, "rank0.json")
+    if kind == "first_step":
+        fn, fn_args = raw_first_step_worker, (port, worker_out)
+    elif kind == "throughput":
+        fn, fn_args = raw_throughput_worker, (port, worker_out, args.steps, args.warmup)
+    else:
+        raise ValueError(f"raw DDP has no {kind!r} variant")
+    with TreeRssSampler() as rss:
+        t0 = time.time()
+        mp.spawn(fn, args=fn_args, nprocs=WORLD_SIZE, join=True)
+        t_end = time.time()
+    with open(worker_out) as f:
+        metrics = json.load(f)
+    return {"t0": t0, "t_end": t_end, "metrics": metrics, **rss.as_dict()}
+
+
+# Driver-side start-up phases of trainforge, taken by wrapping internal methods (benchmark-only
+# instrumentation; a method that no longer exists is skipped and its phase shows as "-").
+TF_DRIVER_PROBES = (
+    ("trainforge._internal.worker_group.local", "LocalWorkerGroup", "start"),
+    ("trainforge._internal.worker_group.local", "LocalWorkerGroup", "_wait_connected"),
+    ("trainforge._internal.torch.config", "_TorchBackend", "on_start"),
+    ("trainforge._internal.worker_group.local", "LocalWorkerGroup", "start_training"),
+    ("trainforge._internal.worker_group.local", "LocalWorkerGroup", "shutdown"),
+)
+
+
+def instrument_trainforge(events: dict[str, float]) -> None:
+    import functools
+    import importlib
+
+    for module_name, cls_name, meth in TF_DRIVER_PROBES:
+        try:
+            cls = getattr(importlib.import_module(module_name), cls_name)
+            original = getattr(cls, meth)
+        except (ImportError, AttributeError):
+            continue
+
+        def wrapper(*a, __orig=original, __name=meth, **kw):
+            events.setdefault(f"{__name}:begin", time.time())
+            try:
+                return __orig(*a, **kw)
+            finally:
+                events.setdefault(f"{__name}:end", time.time())
+
+        setattr(cls, meth, functools.wraps(original)(wrapper))
+
+
+def drive_framework(framework: str, kind: str, args: argparse.Namespace) -> dict:
+    t_import = time.time()
+    if framework == "ray":
+        import ray.train  # noqa: F401
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        run_config = RunConfig(storage_path=args.workdir, name="bench")
+    else:
+        import trainforge  # noqa: F401
+        from trainforge import RunConfig, ScalingConfig
+        from trainforge.torch import TorchTrainer
+
+        run_config = RunConfig(storage_path=args.workdir, name="bench", verbose=0)
+    t_construct = time.time()
+    loop = {
+        "first_step": fw_first_step_loop,
+        "throughput": fw_throughput_loop,
+        "report_cost": fw_report_cost_loop,
+    }[kind]
+    config = {
+        "framework": framework,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "calls": args.report_calls,
+        "chunk": args.report_chunk,
+    }
+    trainer = TorchTrainer(
+        loop,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=WORLD_SIZE),
+        run_config=run_config,
+    )
+    driver_events: dict[str, float] = {}
+    if framework == "trainforge" and kind == "first_step":
+        instrument_trainforge(driver_events)
+    with TreeRssSampler() as rss:
+        t0 = time.time()
+        result = trainer.fit()
+        t_end = time.time()
+    if getattr(result, "error", None) is not None:
+        raise RuntimeError(f"{framework} run failed: {result.error!r}")
+    metrics = {k: v for k, v in dict(result.metrics).items() if not isinstance(v, dict)}
+    out = {
+        "t0": t0,
+        "t_end": t_end,
+        "import_s": t_construct - t_import,
+        "construct_s": t0 - t_construct,
+        "metrics": metrics,
+        "driver_events": {k: v - t0 for k, v in driver_events.items()},
+        **rss.as_dict(),
+    }
+    try:
+        out["n_reports_rank0"] = len(result.metrics_dataframe)
+    except Exception as exc:  # the frame is informational only
+        out["n_reports_rank0"] = f"unavailable: {exc!r}"
+    return out
+
+
+def run_variant_here(args: argparse.Namespace) -> None:
+    framework, kind = args.variant.split(":")
+    data = drive_raw(kind, args) if framework == "raw" else drive_framework(framework, kind, args)
+    _write_json(args.out, data)
+
+
+# --------------------------------------------------------------------------------------------------
+# Orchestrator.
+# --------------------------------------------------------------------------------------------------
+def ray_available() -> bool:
+    if importlib.util.find_spec("ray") is None:
+        return False
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", "import ray.train.torch"], capture_output=True, timeout=120
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return out.returncode == 0
+
+
+def wait_for_idle(max_wait_s: float, busy_fraction: float = 0.25) -> float:
+    """Wait (at most ``max_wait_s``) until the machine's CPUs are mostly idle; return seconds waited."""
+    import psutil
+
+    t = time.time()
+    while time.time() - t < max_wait_s:
+        if psutil.cpu_percent(interval=0.5) < busy_fraction * 100:
+            break
+    return time.time() - t
+
+
+def run_variant(variant: str, args: argparse.Namespace) -> dict:
+    waited = wait_for_idle(args.idle_wait) if args.idle_wait > 0 else 0.0
+    with tempfile.TemporaryDirectory(prefix="trainforge-bench-") as workdir:
+        out = os.path.join(workdir, "variant.json")
+        cmd = [
+            sys.executable, os.path.abspath(__file__), "--variant", variant, "--out", out, "--workdir", workdir,
+            "--steps", str(args.steps), "--warmup", str(args.warmup),
+            "--report-calls", str(args.report_calls), "--report-chunk", str(args.report_chunk),
+        ]  # fmt: skip
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
+        env.pop("OMP_NUM_THREADS", None)  # the raw driver sets it for its workers; trainforge sets its own
+        t = time.time()
+        try:
+            proc = subprocess.run(
+                cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=args.timeout
+            )
+        except subprocess.TimeoutExpired as exc:
+            return {"error": f"timed out after {args.timeout}s", "output_tail": str(exc.stdout)[-4000:]}
+        wall = time.time() - t
+        if proc.returncode != 0 or not os.path.exists(out):
+            tail = (proc.stdout + proc.stderr)[-6000:]
+            print(f"  !! {variant} failed (exit {proc.returncode}):\n{tail}", file=sys.stderr)
+            return {"error": f"exit code {proc.returncode}", "output_tail": tail}
+        with open(out) as f:
+            data = json.load(f)
+        data["subprocess_wall_s"] = wall
+        data["idle_wait_s"] = waited
+        return data
+
+
+def derive(metric: str, run: dict) -> dict:
+    """The numbers one run contributes to the table."""
+    if "error" in run:
+        return {}
+    m = run["metrics"]
+    if metric == "first_step":
+        t0, ev = run["t0"], run.get("driver_events", {})
+        phases = {
+            "worker_proc_started": m["t_proc"] - t0,
+            "workers_connected": ev.get("_wait_connected:end"),
+            "process_group_ready": ev.get("on_start:end", m["t_pg"] - t0),
+            "train_fn_sent": ev.get("start_training:begin"),
+            "loop_entered": m["t_entry"] - t0,
+            "model_ready": m["t_model"] - t0,
+            "first_step_done": m["first_step_t"] - t0,
+            "teardown_started": ev.get("shutdown:begin"),
+            "driver_returned": run["t_end"] - t0,
+        }
+        return {
+            "first_step_s": phases["first_step_done"],
+            "phases": phases,
+            "peak_rss_mb": run["peak_rss_mb"],
+        }
+    if metric == "throughput":
+        return {
+            "steps_per_s": m["steps_per_s"],
+            "peak_rss_mb": run["peak_rss_mb"],
+            "best_chunk_steps_per_s": max(m["chunk_steps_per_s"]),
+            "cpu_ms_per_step": m["cpu_ms_per_step"],
+            "driver_cpu_s": run.get("driver_cpu_s"),
+            "report_share": m.get("report_share"),
+        }
+    if metric == "report_cost":
+        return {"report_us": m["report_us"], "drain_s": run["t_end"] - m["loop_done_t"]}
+    raise ValueError(metric)
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None and v == v]
+    return statistics.median(values) if values else None
+
+
+def summarize(runs: dict[str, list[dict]], frameworks: list[str]) -> dict:
+    summary: dict[str, dict] = {}
+
+    def med(framework: str, metric: str, key: str) -> float | None:
+        return _median(
+            [d.get(key) for d in (derive(metric, r) for r in runs.get(f"{framework}:{metric}", []))]
+        )
+
+    rows = [
+        ("first_step_s", "first_step", "first_step_s"),
+        ("steps_per_s", "throughput", "steps_per_s"),
+        ("report_us", "report_cost", "report_us"),
+        ("peak_rss_mb", "throughput", "peak_rss_mb"),
+    ]
+    for name, metric, key in rows:
+        summary[name] = {fw: med(fw, metric, key) for fw in frameworks}
+    summary["report_drain_s"] = {fw: med(fw, "report_cost", "drain_s") for fw in frameworks}
+    summary["throughput_best_chunk_steps_per_s"] = {
+        fw: med(fw, "throughput", "best_chunk_steps_per_s") for fw in frameworks
+    }
+    summary["throughput_cpu_ms_per_step"] = {
+        fw: med(fw, "throughput", "cpu_ms_per_step") for fw in frameworks
+    }
+    summary["throughput_driver_cpu_s"] = {fw: med(fw, "throughput", "driver_cpu_s") for fw in frameworks}
+    summary["throughput_report_share"] = {fw: med(fw, "throughput", "report_share") for fw in frameworks}
+    phase_names = list(PHASE_LABELS)
+    summary["first_step_phases"] = {
+        fw: {
+            p: _median(
+                [derive("first_step", r).get("phases", {}).get(p) for r in runs.get(f"{fw}:first_step", [])]
+            )
+            for p in phase_names
+        }
+        for fw in frameworks
+    }
+    return summary
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table_rows(summary: dict, frameworks: list[str], ray_note: str) -> tuple[list[str], list[list[str]]]:
+    def ratio(name: str) -> float | None:
+        raw, tf = summary[name].get("raw"), summary[name].get("trainforge")
+        return tf / raw if raw and tf is not None else None
+
+    def status(ok: bool | None) -> str:
+        return "-" if ok is None else ("PASS" if ok else "MISS")
+
+    def ray_col(name: str, spec: str) -> str:
+        return _fmt(summary[name].get("ray"), spec) if "ray" in frameworks else ray_note
+
+    r_fs, r_tp, r_mem = ratio("first_step_s"), ratio("steps_per_s"), ratio("peak_rss_mb")
+    rep = summary["report_us"].get("trainforge")
+    header = ["metric", "raw DDP", "trainforge", "ratio", "target", "status", "Ray Train"]
+    rows = [
+        [
+            "time to first step (s)",
+            _fmt(summary["first_step_s"].get("raw"), ".2f"),
+            _fmt(summary["first_step_s"].get("trainforge"), ".2f"),
+            _fmt(r_fs, ".2f") + ("x" if r_fs else ""),
+            f"<= {TARGET_FIRST_STEP_RATIO}x raw",
+            status(None if r_fs is None else r_fs <= TARGET_FIRST_STEP_RATIO),
+            ray_col("first_step_s", ".2f"),
+        ],
+        [
+            "throughput (steps/s)",
+            _fmt(summary["steps_per_s"].get("raw"), ".0f"),
+            _fmt(summary["steps_per_s"].get("trainforge"), ".0f"),
+            _fmt(r_tp, ".3f") + ("x" if r_tp else ""),
+            f">= {TARGET_THROUGHPUT_RATIO}x raw",
+            status(None if r_tp is None else r_tp >= TARGET_THROUGHPUT_RATIO),
+            ray_col("steps_per_s", ".0f"),
+        ],
+        [
+            "report() cost (us/call)",
+            "n/a",
+            _fmt(rep, ".1f"),
+            "-",
+            f"<= {TARGET_REPORT_US:.0f} us",
+            status(None if rep is None else rep <= TARGET_REPORT_US),
+            ray_col("report_us", ".1f"),
+        ],
+        [
+            "peak RSS, process tree (MB)",
+            _fmt(summary["peak_rss_mb"].get("raw"), ".0f"),
+            _fmt(summary["peak_rss_mb"].get("trainforge"), ".0f"),
+            _fmt(r_mem, ".2f") + ("x" if r_mem else ""),
+            "-",
+            "-",
+            ray_col("peak_rss_mb", ".0f"),
+        ],
+    ]
+    return header, rows
+
+
+def render_text(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+
+    return "\n".join([line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
+
+
+def render_markdown(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+PHASE_LABELS = {
+    "worker_proc_started": "rank-0 worker process started",
+    "workers_connected": "all workers connected to the driver",
+    "process_group_ready": "process group ready",
+    "train_fn_sent": "train function sent to workers",
+    "loop_entered": "train function entered (rank 0)",
+    "model_ready": "model DDP-wrapped, optimizer ready",
+    "first_step_done": "first optimizer step done",
+    "teardown_started": "driver starts stopping workers",
+    "driver_returned": "driver returned (join / fit)",
+}
+
+
+def render_phases(summary: dict, frameworks: list[str]) -> str:
+    labels = PHASE_LABELS
+    fws = [fw for fw in frameworks if fw != "ray" or summary["first_step_phases"].get("ray")]
+    header = ["first-step timeline, s after driver start (median)", *(LABELS[fw] for fw in fws)]
+    rows = [
+        [label, *(_fmt(summary["first_step_phases"][fw][key], ".3f") for fw in fws)]
+        for key, label in labels.items()
+    ]
+    return render_text(header, rows)
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
+        )
+        if out.returncode != 0:
+            return "uncommitted"
+        commit = out.stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True
+        )
+        return commit + ("-dirty" if dirty.stdout.strip() else "")
+    except OSError:
+        return "uncommitted"
+
+
+def machine_info() -> dict:
+    import psutil
+
+    info = {
+        "cpu_count": os.cpu_count(),
+        "cpu_count_physical": psutil.cpu_count(logical=False),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu_model"] = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None
+            )
+    except OSError:
+        pass
+    try:
+        import trainforge
+
+        info["trainforge"] = getattr(trainforge, "__version__", "unknown")
+    except Exception as exc:
+        info["trainforge"] = f"not importable: {exc!r}"
+    return info
+
+
+NOTES = [
+    "2 workers, gloo, CPU; MLP 64-256-256-10, batch 64, SGD, synthetic data; each run in a fresh driver process.",
+    "OMP_NUM_THREADS=1 for the raw DDP workers too (trainforge gives each worker its CPUs per worker, 1 by default).",
+    "first step: from just before mp.spawn()/trainer.fit() (after `import torch` in the driver) to rank 0's first "
+    "optimizer.step().",
+    "throughput: trainforge calls report({'loss', 'step'}) every step; raw DDP only calls loss.item().",
+    "peak RSS: sum over driver + descendants, sampled every 50 ms during the throughput runs (shared pages of "
+    "torch are counted once per process).",
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=3, help="runs per variant (median reported)")
+    p.add_argument(
+        "--steps", type=int, default=1000, help="timed steps for throughput (~3 s; 300 was too noisy)"
+    )
+    p.add_argument("--warmup", type=int, default=20, help="warm-up steps before timing")
+    p.add_argument("--report-calls", type=int, default=20_000, help="report() calls timed per worker")
+    p.add_argument(
+        "--report-chunk", type=int, default=2_000, help="calls per timed chunk (median over chunks)"
+    )
+    p.add_argument(
+        "--frameworks", default="auto", help="comma list of raw,trainforge,ray (default: all available)"
+    )
+    p.add_argument("--metrics", default=",".join(METRICS), help=f"comma list of {','.join(METRICS)}")
+    p.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    p.add_argument("--json-out", default=DEFAULT_JSON, help="where to write the JSON results")
+    p.add_argument(
+        "--idle-wait",
+        type=float,
+        default=30,
+        help="before each run, wait up to this many seconds for idle CPUs",
+    )
+    p.add_argument("--timeout", type=float, default=600, help="seconds allowed per variant run")
+    # Internal: run one variant in this (fresh) process.
+    p.add_argument("--variant", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.variant:
+        run_variant_here(args)
+        return 0
+
+    ray_note = "not installed"
+    if args.frameworks == "auto":
+        frameworks = ["raw", "trainforge"]
+        if ray_available():
+            frameworks.append("ray")
+        elif importlib.util.find_spec("ray") is not None:
+            ray_note = "import failed"
+    else:
+        frameworks = [fw.strip() for fw in args.frameworks.split(",") if fw.strip()]
+        ray_note = "not run"
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    for name, allowed, got in (("frameworks", FRAMEWORKS, frameworks), ("metrics", METRICS, metrics)):
+        bad = sorted(set(got) - set(allowed))
+        if bad:
+            p.error(f"--{name}: unknown {bad}; choose from {','.join(allowed)}")
+
+    runs: dict[str, list[dict]] = {}
+    for metric in metrics:
+        for rep in range(args.repeats):
+            for fw in frameworks:  # alternate raw, trainforge, raw, ... to spread noise
+                if fw == "raw" and metric == "report_cost":
+                    continue
+                variant = f"{fw}:{metric}"
+                print(f"[{rep + 1}/{args.repeats}] {variant} ...", file=sys.stderr, flush=True)
+                runs.setdefault(variant, []).append(run_variant(variant, args))
+
+    summary = summarize(runs, frameworks)
+    header, rows = table_rows(summary, frameworks, ray_note)
+    commit, date = git_commit(), datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    info = machine_info()
+    print(f"\ntrainforge core benchmark  {date}  commit {commit}  python {info['python']}  torch {info['torch']}  "
+          f"{info['cpu_count']} CPUs  repeats={args.repeats}\n")  # fmt: skip
+    print(render_text(header, rows))
+    if "first_step" in metrics:
+        print()
+        print(render_phases(summary, frameworks))
+    foreign = [
+        (v, r["foreign_cpu_s"], r["tree_cpu_s"]) for v, rs in runs.items() for r in rs if "foreign_cpu_s" in r
+    ]
+    noisy = [(v, f, t) for v, f, t in foreign if f > 0.1 * t]
+    if noisy:
+        print(f"\nWARNING: other processes took >10% as much CPU as the benchmark in {len(noisy)} of {len(foreign)} "
+              "runs (see foreign_cpu_s in the JSON); numbers may be noisy: "
+              + ", ".join(f"{v} {f:.1f}/{t:.1f} CPU-s" for v, f, t in noisy))  # fmt: skip
+    diag = []
+    cpu = summary["throughput_driver_cpu_s"]
+    if "throughput" in metrics:
+        diag.append("driver process CPU during a throughput run: "
+                    + ", ".join(f"{LABELS[fw]} {_fmt(cpu.get(fw), '.2f')} s" for fw in frameworks))  # fmt: skip
+    if "throughput" in metrics:
+        best, cpu_step = summary["throughput_best_chunk_steps_per_s"], summary["throughput_cpu_ms_per_step"]
+        diag.append("throughput of the fastest tenth of the timed steps (less sensitive to other processes): "
+                    + ", ".join(f"{LABELS[fw]} {_fmt(best.get(fw), '.0f')} steps/s" for fw in frameworks))  # fmt: skip
+        diag.append("rank-0 worker CPU time per step (all its threads; robust to a busy machine): "
+                    + ", ".join(f"{LABELS[fw]} {_fmt(cpu_step.get(fw), '.3f')} ms" for fw in frameworks))  # fmt: skip
+    share = summary["throughput_report_share"].get("trainforge")
+    if share is not None:
+        diag.append(f"share of trainforge's timed steps spent inside report(): {share * 100:.2f}%")
+    drain = summary["report_drain_s"].get("trainforge")
+    if drain is not None:
+        diag.append(
+            f"after {args.report_calls:,} report() calls per rank, fit() returned {drain:.2f}s after the loop ended"
+        )
+    if diag:
+        print("\ndiagnostics (medians):\n" + "\n".join(f"- {d}" for d in diag))
+    print("\nnotes:\n" + "\n".join(f"- {n}" for n in NOTES))
+    if args.markdown:
+        print("\n" + render_markdown(header, rows))
+
+    failed = {v: [r for r in rs if "error" in r] for v, rs in runs.items()}
+    failed = {v: rs for v, rs in failed.items() if rs}
+    os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
+    _write_json(
+        args.json_out,
+        {
+            "benchmark": "core",
+            "date": date,
+            "git_commit": commit,
+            "machine": info,
+            "settings": {
+                "repeats": args.repeats,
+                "steps": args.steps,
+                "warmup": args.warmup,
+                "report_calls": args.report_calls,
+                "report_chunk": args.report_chunk,
+                "world_size": WORLD_SIZE,
+                "backend": "gloo",
+                "model": f"MLP {IN_DIM}-{HIDDEN}-{HIDDEN}-{OUT_DIM}",
+                "batch_size": BATCH,
+                "raw_omp_num_threads": 1,
+                "frameworks": frameworks,
+                "ray": "measured" if "ray" in frameworks else ray_note,
+            },
+            "targets": {
+                "first_step_ratio_max": TARGET_FIRST_STEP_RATIO,
+                "throughput_ratio_min": TARGET_THROUGHPUT_RATIO,
+                "report_us_max": TARGET_REPORT_US,
+            },
+            "summary": summary,
+            "table": {"header": header, "rows": rows},
+            "runs": {v: [{**r, "derived": derive(v.split(":")[1], r)} for r in rs] for v, rs in runs.items()},
+            "notes": NOTES,
+        },
+    )
+    print(f"\nwrote {os.path.relpath(args.json_out)}", file=sys.stderr)
+    if failed:
+        print(f"{sum(len(r) for r in failed.values())} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
