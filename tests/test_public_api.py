@@ -18,6 +18,7 @@ TOP_LEVEL = [
     "Callback",
     "Checkpoint",
     "CheckpointConfig",
+    "CheckpointUploadMode",
     "DataParallelTrainer",
     "FailureConfig",
     "Result",

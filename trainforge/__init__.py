@@ -6,7 +6,13 @@ Importing trainforge is light: torch, ray, pandas and pyarrow are imported only 
 
 from trainforge._internal.callback import Callback
 from trainforge._internal.checkpoint import Checkpoint
-from trainforge._internal.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from trainforge._internal.config import (
+    CheckpointConfig,
+    CheckpointUploadMode,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+)
 from trainforge._internal.exceptions import TrainingFailedError, WorkerFailure
 from trainforge._internal.result import Result, TrainingReport
 from trainforge._internal.session import (
@@ -24,6 +30,7 @@ __all__ = [
     "Callback",
     "Checkpoint",
     "CheckpointConfig",
+    "CheckpointUploadMode",
     "DataParallelTrainer",
     "FailureConfig",
     "Result",

@@ -6,11 +6,29 @@ what is allowed, before any worker process is started.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 from typing import Any
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+class CheckpointUploadMode(enum.Enum):
+    """How ``report(..., checkpoint=...)`` persists: SYNC returns once the files are in storage;
+    ASYNC returns once they are copied to a local staging directory and uploads in the background
+    (order, retention and the final Result stay correct; the run waits for pending uploads)."""
+
+    SYNC = "SYNC"
+    ASYNC = "ASYNC"
+
+    @classmethod
+    def parse(cls, value: Any, field_name: str) -> CheckpointUploadMode:
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str) and value.upper() in cls.__members__:
+            return cls[value.upper()]
+        raise ValueError(f"{field_name}={value!r} is not valid: use CheckpointUploadMode.SYNC or .ASYNC.")
 
 
 def _bad(cls: str, name: str, value: Any, allowed: str) -> ValueError:
@@ -32,18 +50,31 @@ class ScalingConfig:
     on this machine.
     """
 
-    num_workers: int = 1
+    num_workers: int | tuple[int, int] = 1
     use_gpu: bool = False
     resources_per_worker: dict[str, float] | None = None
     placement_strategy: str = "PACK"
 
     def __post_init__(self) -> None:
         n = self.num_workers
-        if isinstance(n, bool) or not isinstance(n, int):
+        if isinstance(n, list):
+            n = self.num_workers = tuple(n)
+        if isinstance(n, tuple):
+            if (
+                len(n) != 2
+                or any(isinstance(v, bool) or not isinstance(v, int) for v in n)
+                or n[0] < 1
+                or n[1] < n[0]
+            ):
+                raise _bad(
+                    "ScalingConfig", "num_workers", n, "an elastic range is a tuple (min, max) of ints with 1 <= min <= max"
+                )
+        elif isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(
-                f"ScalingConfig.num_workers={n!r} must be an int (the number of workers), got {type(n).__name__}."
+                f"ScalingConfig.num_workers={n!r} must be an int (the number of workers) or a (min, max) tuple, "
+                f"got {type(n).__name__}."
             )
-        if n < 1:
+        elif n < 1:
             raise _bad("ScalingConfig", "num_workers", n, "it must be an integer >= 1")
         if not isinstance(self.use_gpu, bool):
             raise TypeError(f"ScalingConfig.use_gpu={self.use_gpu!r} must be True or False.")
@@ -84,6 +115,18 @@ class ScalingConfig:
                 )
 
     @property
+    def min_workers(self) -> int:
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.num_workers, tuple) and self.num_workers[0] != self.num_workers[1]
+
+    @property
     def gpus_per_worker(self) -> float:
         """GPUs each worker gets (0 when the run is CPU-only)."""
         res = self.resources_per_worker or {}
@@ -104,13 +147,19 @@ class CheckpointConfig:
     lowest scoring ones by ``checkpoint_score_attribute`` (a numeric key of the metrics reported with
     the checkpoint) are deleted, or the oldest when no attribute is given. The most recent checkpoint is
     always kept in addition, so a run can always resume from where it stopped (as in Ray Train).
+    ``checkpoint_upload_mode`` is the run's default for ``report(checkpoint_upload_mode=...)``
+    (trainforge extension; SYNC by default).
     """
 
     num_to_keep: int | None = None
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: str = "max"
+    checkpoint_upload_mode: CheckpointUploadMode | str = CheckpointUploadMode.SYNC
 
     def __post_init__(self) -> None:
+        self.checkpoint_upload_mode = CheckpointUploadMode.parse(
+            self.checkpoint_upload_mode, "CheckpointConfig.checkpoint_upload_mode"
+        )
         k = self.num_to_keep
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise _bad("CheckpointConfig", "num_to_keep", k, "use None (keep all) or an integer >= 1")
@@ -123,14 +172,23 @@ class CheckpointConfig:
 
 @dataclass
 class FailureConfig:
-    """How often to restart the worker group after a failure. ``-1`` means without limit."""
+    """How often to restart the worker group after a failure. ``-1`` means without limit.
+
+    ``hang_timeout_s`` (trainforge extension): a worker that is alive but has made no progress (no
+    report, and no output line) for this long is declared hung: its Python stack (all threads) is
+    captured, and it is handled as a failure. None (the default) turns hang detection off.
+    """
 
     max_failures: int = 0
+    hang_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         m = self.max_failures
         if isinstance(m, bool) or not isinstance(m, int) or m < -1:
             raise _bad("FailureConfig", "max_failures", m, "use an integer >= 0, or -1 for unlimited restarts")
+        h = self.hang_timeout_s
+        if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float)) or not math.isfinite(h) or h <= 0):
+            raise _bad("FailureConfig", "hang_timeout_s", h, "use None (no hang detection) or a number of seconds > 0")
 
 
 @dataclass
@@ -139,12 +197,15 @@ class RunConfig:
 
     ``storage_path`` defaults to ``~/trainforge_results`` (or ``$TRAINFORGE_STORAGE_PATH``); the run's
     directory is ``{storage_path}/{name}``; ``name`` defaults to ``{TrainerClass}_{timestamp}`` and is
-    printed at start. ``verbose``: 0 prints nothing, 1 prints the run directory, worker start-up and
+    printed at start. ``storage_path`` may be any fsspec URL (``s3://bucket/prefix``, ``gs://...``,
+    ``memory://...``); ``storage_filesystem`` takes a ready fsspec filesystem instead (then
+    ``storage_path`` is a path inside it). ``verbose``: 0 prints nothing, 1 prints the run directory, worker start-up and
     rank-0 metrics at most once a second, 2 prints every report.
     """
 
     name: str | None = None
     storage_path: str | None = None
+    storage_filesystem: Any = None
     checkpoint_config: CheckpointConfig | None = None
     failure_config: FailureConfig | None = None
     callbacks: list[Any] | None = None

@@ -63,6 +63,7 @@ class TrainPayload:
     storage: Any
     checkpoint: Checkpoint | None
     shards: dict[str, Any]
+    upload_mode: str = "SYNC"  # the run's default CheckpointUploadMode (its value)
 
 
 def run_train_payload(blob: bytes, send: Callable[[tuple], None]) -> int:

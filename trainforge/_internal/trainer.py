@@ -241,7 +241,7 @@ class DataParallelTrainer:
         name = rc.name or (
             f"{type(self).__name__}_{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}_{secrets.token_hex(2)}"
         )
-        storage = StorageContext(rc.storage_path or default_storage_path(), name)
+        storage = StorageContext(rc.storage_path or default_storage_path(), name, rc.storage_filesystem)
         storage.prepare()
         return storage
 
@@ -306,6 +306,7 @@ class DataParallelTrainer:
                     storage=storage,
                     checkpoint=checkpoint,
                     shards=shards[spec.rank],
+                    upload_mode=self.run_config.checkpoint_config.checkpoint_upload_mode.value,  # type: ignore[union-attr]
                 )
                 payloads.append(cloudpickle.dumps(payload))
             return payloads
