@@ -182,7 +182,13 @@ class StorageContext:
         return self.path(*parts)
 
     def commit_checkpoint(
-        self, attempt: int, report_index: int, ranks: list[int], seq: int, metrics: dict[str, Any]
+        self,
+        attempt: int,
+        report_index: int,
+        ranks: list[int],
+        seq: int,
+        metrics: dict[str, Any],
+        extra: dict[str, Any] | None = None,
     ) -> Checkpoint:
         """Merge the staged files of ``ranks`` into ``checkpoint_{seq:06d}`` and write the marker last."""
         final = self.path(f"{CHECKPOINT_PREFIX}{seq:06d}")
@@ -198,6 +204,7 @@ class StorageContext:
             "ranks": sorted(ranks),
             "metrics": metrics,
             "time": time.time(),
+            **(extra or {}),
         }
         self.write_text(f"{CHECKPOINT_PREFIX}{seq:06d}/{COMMIT_MARKER}", dumps(marker))
         self._rm(self.staging_path(attempt, report_index))
