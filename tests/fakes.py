@@ -70,6 +70,7 @@ class FakeWorkerGroup(WorkerGroup):
         self.calls: list[tuple] = []
         self.specs: list[WorkerSpec] = []
         self.payloads: list[bytes] | None = None
+        self.progress: dict[int, float] = {}  # what last_progress() returns
 
     def start(self, specs: list[WorkerSpec], preload: tuple[str, ...] = ()) -> None:
         self.calls.append(("start", len(specs)))
@@ -95,6 +96,13 @@ class FakeWorkerGroup(WorkerGroup):
             return []
         batch = self.script.pop(0)
         return list(batch() if callable(batch) else batch)
+
+    def last_progress(self) -> dict[int, float]:
+        return dict(self.progress)
+
+    def dump_stacks(self, rank: int, timeout: float = 3.0) -> str:
+        self.calls.append(("dump_stacks", rank))
+        return f"Thread 0x1 (most recent call first):\n  File 'loop.py', line 1 in stuck_rank_{rank}\n"
 
     def shutdown(self, graceful: bool = True) -> None:
         self.calls.append(("shutdown", graceful))

@@ -229,7 +229,7 @@ def test_assign_gpus_too_few(n, per, available, needed):
 def test_local_worker_specs_cpu(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     scaling = ScalingConfig(num_workers=3, resources_per_worker={"CPU": 2})
-    specs = local_worker_specs(scaling, attempt=1, gpu_groups=[[], [], []])
+    specs = local_worker_specs(scaling, attempt=1, n=3, gpu_groups=[[], [], []])
     assert [s.rank for s in specs] == [0, 1, 2]
     for rank, spec in enumerate(specs):
         assert (spec.local_rank, spec.world_size, spec.local_world_size, spec.node_rank) == (rank, 3, 3, 0)
@@ -247,16 +247,16 @@ def test_local_worker_specs_cpu(monkeypatch):
 
 def test_local_worker_specs_keeps_user_omp_threads(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
-    (spec,) = local_worker_specs(ScalingConfig(), 0, [[]])
+    (spec,) = local_worker_specs(ScalingConfig(), 0, 1, [[]])
     assert "OMP_NUM_THREADS" not in spec.env  # inherited from the driver instead
 
 
 def test_local_worker_specs_gpu():
     scaling = ScalingConfig(num_workers=2, use_gpu=True, resources_per_worker={"GPU": 0.5})
     groups = assign_gpus(2, scaling.gpus_per_worker, ["4", "6"])
-    specs = local_worker_specs(scaling, 0, groups)
+    specs = local_worker_specs(scaling, 0, scaling.num_workers, groups)
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["4", "4"]
     assert [s.gpu_ids for s in specs] == [["4"], ["4"]]
     scaling = ScalingConfig(num_workers=2, use_gpu=True, resources_per_worker={"GPU": 2})
-    specs = local_worker_specs(scaling, 0, assign_gpus(2, 2, ["0", "1", "2", "3"]))
+    specs = local_worker_specs(scaling, 0, 2, assign_gpus(2, 2, ["0", "1", "2", "3"]))
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0,1", "2,3"]

@@ -83,7 +83,7 @@ class Harness:
         self.made.append(group)
         return group
 
-    def _make_specs(self, attempt: int):
+    def _make_specs(self, attempt: int, n: int = 0):
         self.spec_attempts.append(attempt)
         return specs(self.n)
 

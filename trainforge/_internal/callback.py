@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 class Callback:
     """Subclass and pass in ``RunConfig(callbacks=[...])``. Every hook runs on the driver."""
 
-    def on_run_start(self, run_path: str, num_workers: int) -> None:
+    def on_run_start(self, run_path: str, num_workers: int | tuple[int, int]) -> None:
         pass
 
     def on_report(self, report: TrainingReport) -> None:

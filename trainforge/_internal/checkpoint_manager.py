@@ -18,6 +18,7 @@ class TrackedCheckpoint:
     checkpoint: Checkpoint
     metrics: dict[str, Any]
     index: int
+    metrics_rows: int | None = None  # length of the metrics history when it was committed
 
 
 class CheckpointManager:
@@ -37,12 +38,18 @@ class CheckpointManager:
     def load(self, existing: list[tuple[Checkpoint, dict[str, Any]]]) -> None:
         """Adopt checkpoints committed by an earlier run on the same directory (from their markers)."""
         for ckpt, marker in existing:
-            self._kept.append(TrackedCheckpoint(ckpt, marker.get("metrics", {}), int(marker.get("index", 0))))
+            self._kept.append(
+                TrackedCheckpoint(
+                    ckpt, marker.get("metrics", {}), int(marker.get("index", 0)), marker.get("metrics_rows")
+                )
+            )
         self._kept.sort(key=lambda t: t.index)
 
-    def register(self, checkpoint: Checkpoint, metrics: dict[str, Any], index: int) -> list[Checkpoint]:
+    def register(
+        self, checkpoint: Checkpoint, metrics: dict[str, Any], index: int, metrics_rows: int | None = None
+    ) -> list[Checkpoint]:
         """Track a newly committed checkpoint; delete and return those that fall out of the top k."""
-        self._kept.append(TrackedCheckpoint(checkpoint, dict(metrics), index))
+        self._kept.append(TrackedCheckpoint(checkpoint, dict(metrics), index, metrics_rows))
         k = self.config.num_to_keep
         if k is None or len(self._kept) <= k:
             return []
@@ -76,6 +83,14 @@ class CheckpointManager:
     @property
     def latest(self) -> Checkpoint | None:
         return self._kept[-1].checkpoint if self._kept else None
+
+    @property
+    def latest_metrics_rows(self) -> int:
+        """How many metrics rows existed when the latest checkpoint was committed (0 without one)."""
+        if not self._kept:
+            return 0
+        rows = self._kept[-1].metrics_rows
+        return rows if rows is not None else 0
 
     @property
     def best_checkpoints(self) -> list[tuple[Checkpoint, dict[str, Any]]]:

@@ -40,3 +40,13 @@ def shutdown_grace_s() -> float:
 
 def worker_start_timeout_s() -> float:
     return float(os.environ.get(ENV_START_TIMEOUT_S, DEFAULT_START_TIMEOUT_S))
+
+# Resources this machine offers to local workers (elastic sizing): a JSON object such as
+# '{"CPU": 8, "GPU": 2}', or '@/path/to/file.json' to re-read a file at every sizing decision.
+ENV_LOCAL_RESOURCES = "TRAINFORGE_LOCAL_RESOURCES"
+ENV_RESOURCE_WAIT_S = "TRAINFORGE_RESOURCE_WAIT_S"  # how long an elastic run waits for its minimum
+DEFAULT_RESOURCE_WAIT_S = 60.0
+
+
+def resource_wait_s() -> float:
+    return float(os.environ.get(ENV_RESOURCE_WAIT_S, DEFAULT_RESOURCE_WAIT_S))

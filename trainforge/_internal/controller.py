@@ -1,9 +1,15 @@
 """The controller: an explicit state machine that drives one run.
 
     INITIALIZING -> SCHEDULING -> RUNNING -> FINISHED
-                        ^            |
+                        ^   ^        |   |
+                        |   |        |   +-> RESIZING (elastic: resources for more workers, at a checkpoint)
+                        |   +--------+-------------+
                         |            v
                     RESTARTING <- (failure, policy says restart)  -> ERRORED (policy says give up)
+
+SCHEDULING waits (up to $TRAINFORGE_RESOURCE_WAIT_S) until the scaling policy finds room for at
+least the minimum number of workers. Every (re)start continues the metrics history from the latest
+committed checkpoint: reports made after it are dropped from the history, as their work is redone.
 
 ``run_iter()`` steps it until a terminal state and yields each completed report. Everything it
 talks to is injected (worker group factory, backend, storage, checkpoint manager, policy), so unit
@@ -20,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainforge._internal import constants
 from trainforge._internal.backend import Backend, BackendConfig
 from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.checkpoint_manager import CheckpointManager
@@ -32,6 +39,7 @@ from trainforge._internal.exceptions import (
 from trainforge._internal.failure_policy import FailureDecision, FailurePolicy
 from trainforge._internal.metrics_log import MetricsLog
 from trainforge._internal.result import Result, TrainingReport
+from trainforge._internal.scaling_policy import ScalingDecision, ScalingPolicy
 from trainforge._internal.storage import StorageContext
 from trainforge._internal.worker_group.api import (
     DoneEvent,
@@ -49,11 +57,16 @@ FAILURE_SETTLE_S = 0.3
 POLL_INTERVAL_S = 0.1
 
 
+class _ResourcesUnavailable(Exception):
+    pass
+
+
 class RunState(enum.Enum):
     INITIALIZING = "initializing"
     SCHEDULING = "scheduling"
     RUNNING = "running"
     RESTARTING = "restarting"
+    RESIZING = "resizing"
     FINISHED = "finished"
     ERRORED = "errored"
 
@@ -66,6 +79,7 @@ class _AttemptReports:
     pending: dict[int, dict[int, ReportEvent]] = field(default_factory=dict)
     counts: dict[int, int] = field(default_factory=dict)
     done: dict[int, int] = field(default_factory=dict)
+    rank0_rows: dict[int, int] = field(default_factory=dict)  # report index -> history length after it
 
     def add(self, ev: ReportEvent) -> dict[int, ReportEvent] | None:
         self.counts[ev.rank] = self.counts.get(ev.rank, 0) + 1
@@ -81,7 +95,7 @@ class ControllerHooks:
     """Driver-side functions the controller calls; supplied by the trainer."""
 
     make_worker_group: Callable[[], WorkerGroup]
-    make_specs: Callable[[int], list[WorkerSpec]]  # attempt -> specs
+    make_specs: Callable[[int, int], list[WorkerSpec]]  # (attempt, num_workers) -> specs
     make_payloads: Callable[[int, Checkpoint | None, list[WorkerSpec]], list[bytes]]
     worker_init_fn: Callable[[], Any] | None = None
     preload: tuple[str, ...] = ()
@@ -99,6 +113,8 @@ class Controller:
         failure_policy: FailurePolicy,
         metrics_log: MetricsLog,
         initial_checkpoint: Checkpoint | None = None,
+        scaling_policy: ScalingPolicy | None = None,
+        hang_timeout_s: float | None = None,
     ):
         self.hooks = hooks
         self.backend = backend
@@ -108,6 +124,8 @@ class Controller:
         self.policy = failure_policy
         self.metrics = metrics_log
         self.initial_checkpoint = initial_checkpoint
+        self.scaling = scaling_policy
+        self.hang_timeout_s = hang_timeout_s
         self.state = RunState.INITIALIZING
         self.attempt = 0
         self.group: WorkerGroup | None = None
@@ -116,6 +134,9 @@ class Controller:
         self._reports: _AttemptReports | None = None
         self._specs: list[WorkerSpec] = []
         self._out: list[TrainingReport] = []
+        self._resize_to: int | None = None
+        self._waiting_since: float | None = None
+        self.sizes: list[int] = []  # group size of every attempt, for inspection
 
     # -- the loop ---------------------------------------------------------------------------------
     def run_iter(self) -> Iterator[TrainingReport]:
@@ -134,6 +155,7 @@ class Controller:
             RunState.SCHEDULING: self._schedule,
             RunState.RUNNING: self._poll,
             RunState.RESTARTING: self._restart,
+            RunState.RESIZING: self._resize,
         }[self.state]
         handler()
 
@@ -143,10 +165,42 @@ class Controller:
 
     # -- states -----------------------------------------------------------------------------------
     def _initialize(self) -> None:
+        # A run directory with history (fit() again on the same name, restore()) continues from its
+        # latest checkpoint.
+        self.metrics.truncate(self.checkpoints.latest_metrics_rows)
         self._transition(RunState.SCHEDULING)
 
+    def _group_size(self) -> int | None:
+        if self.scaling is None:
+            return None
+        n = self.scaling.size_now()
+        if n is not None:
+            self._waiting_since = None
+            return n
+        now = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = now
+            logger.warning("waiting for resources: %s", self.scaling.shortage())
+        if now - self._waiting_since > constants.resource_wait_s():
+            raise _ResourcesUnavailable(
+                f"gave up waiting {constants.resource_wait_s():.0f}s for resources: {self.scaling.shortage()}. "
+                f"Lower the minimum of ScalingConfig.num_workers, free resources, or raise "
+                f"${constants.ENV_RESOURCE_WAIT_S}."
+            )
+        time.sleep(min(1.0, constants.resource_wait_s()))  # poll the resource view
+        return None
+
     def _schedule(self) -> None:
-        self._specs = self.hooks.make_specs(self.attempt)
+        try:
+            n = self._group_size()
+        except _ResourcesUnavailable as exc:
+            self.error = TrainingFailedError(str(exc), self.failures)
+            self._transition(RunState.ERRORED)
+            return
+        if n is None and self.scaling is not None:
+            return  # still waiting; SCHEDULING again on the next step
+        self._specs = self.hooks.make_specs(self.attempt, n if n is not None else 0)
+        self.sizes.append(len(self._specs))
         self.group = self.hooks.make_worker_group()
         self._reports = _AttemptReports(world_size=len(self._specs))
         try:
@@ -173,6 +227,8 @@ class Controller:
         assert self.group is not None
         failures: list[WorkerFailure] = []
         self._handle(self.group.poll(POLL_INTERVAL_S), failures)
+        if not failures and self.hang_timeout_s is not None:
+            failures = self._hung_workers()
         if failures:
             deadline = time.monotonic() + FAILURE_SETTLE_S
             while time.monotonic() < deadline:
@@ -182,8 +238,49 @@ class Controller:
         assert self._reports is not None
         if len(self._reports.done) == len(self._specs):
             self._finish()
+        elif self._resize_to is not None:
+            self._transition(RunState.RESIZING)
+
+    def _hung_workers(self) -> list[WorkerFailure]:
+        assert self.group is not None and self.hang_timeout_s is not None
+        now = time.monotonic()
+        hung = [r for r, t in sorted(self.group.last_progress().items()) if now - t > self.hang_timeout_s]
+        failures = []
+        for rank in hung:
+            meta = self.group.worker_metadata[rank]
+            failures.append(
+                WorkerFailure(
+                    rank=rank,
+                    pid=meta.pid,
+                    kind="hung",
+                    message=(
+                        f"no report and no output for more than {self.hang_timeout_s:g}s "
+                        "(FailureConfig.hang_timeout_s)"
+                    ),
+                    traceback=self.group.dump_stacks(rank),
+                    time=time.time(),
+                )
+            )
+        return failures
+
+    def _resize(self) -> None:
+        """Grow an elastic group: stop it right after a committed checkpoint and start a bigger one
+        from that checkpoint (no failure is counted)."""
+        n, self._resize_to = self._resize_to, None
+        logger.warning(
+            "resizing the worker group from %d to %d workers (resources returned); resuming from %s",
+            len(self._specs), n, self.checkpoints.latest.path if self.checkpoints.latest else "the start",
+        )
+        self._stop_group(graceful=False)
+        self._discard_incomplete()
+        self.metrics.truncate(self.checkpoints.latest_metrics_rows)
+        self.attempt += 1
+        for cb in self.hooks.callbacks:
+            cb.on_restart(self.attempt, f"resize to {n} workers")
+        self._transition(RunState.SCHEDULING)
 
     def _restart(self) -> None:
+        self.metrics.truncate(self.checkpoints.latest_metrics_rows)
         self.attempt += 1
         reason = format_failures(self.failures[-1]).splitlines()[0]
         logger.warning("restarting the worker group (attempt %d) after: %s", self.attempt, reason)
@@ -198,6 +295,7 @@ class Controller:
             if isinstance(ev, ReportEvent):
                 if ev.rank == 0:
                     self.metrics.append(ev.metrics)
+                    self._reports.rank0_rows[ev.index] = len(self.metrics.rows)
                 complete = self._reports.add(ev)
                 if complete is not None:
                     self._complete_report(ev.index, complete)
@@ -207,15 +305,21 @@ class Controller:
                 failures.append(ev.failure)
 
     def _complete_report(self, index: int, by_rank: dict[int, ReportEvent]) -> None:
+        assert self._reports is not None
         ranks = sorted(by_rank)
         metrics0 = by_rank[0].metrics
         checkpoint = None
         with_ckpt = [r for r in ranks if by_rank[r].has_checkpoint]
         if with_ckpt:
             seq = self.checkpoints.next_index
-            checkpoint = self.storage.commit_checkpoint(self.attempt, index, with_ckpt, seq, metrics0)
-            self.checkpoints.register(checkpoint, metrics0, seq)
-            self.metrics.flush()
+            rows = self._reports.rank0_rows[index]
+            self.metrics.flush()  # the history a restore continues from is on disk before the marker
+            checkpoint = self.storage.commit_checkpoint(
+                self.attempt, index, with_ckpt, seq, metrics0, extra={"metrics_rows": rows}
+            )
+            self.checkpoints.register(checkpoint, metrics0, seq, rows)
+            if self.scaling is not None and self.scaling.decide(len(self._specs)) == ScalingDecision.GROW:
+                self._resize_to = self.scaling.size_now()
         report = TrainingReport(
             index=index,
             metrics=metrics0,

@@ -58,7 +58,14 @@ class WorkerFailure:
         return f"exit code {self.exit_code}"
 
     def group_key(self) -> tuple:
-        return (self.kind, self.exc_type, self.message, self.exit_code if self.kind == "died" else None)
+        # Hung workers are listed one by one: each one's stack is the useful part.
+        return (
+            self.kind,
+            self.exc_type,
+            self.message,
+            self.exit_code if self.kind == "died" else None,
+            self.rank if self.kind == "hung" else None,
+        )
 
     def headline(self) -> str:
         if self.kind == "exception":
@@ -66,6 +73,9 @@ class WorkerFailure:
         if self.kind == "died":
             return f"worker process died unexpectedly: {self.exit_description()}"
         return f"worker hung: {self.message}"
+
+    def stack_label(self) -> str:
+        return "stacks (all threads) of hung rank" if self.kind == "hung" else "traceback of rank"
 
 
 def _ranks_text(failures: list[WorkerFailure]) -> str:
@@ -86,7 +96,7 @@ def format_failures(failures: list[WorkerFailure]) -> str:
         first = members[0]
         text = f"{_ranks_text(sorted(members, key=lambda f: f.rank))}: {first.headline()}"
         if first.traceback:
-            text += f"\n  traceback of rank {first.rank}:\n" + _indent(first.traceback.rstrip())
+            text += f"\n  {first.stack_label()} {first.rank}:\n" + _indent(first.traceback.rstrip())
         if first.log_tail:
             text += f"\n  last output of rank {first.rank}:\n" + _indent(first.log_tail.rstrip())
         parts.append(text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import sys
 import threading
+from collections.abc import Callable
 from typing import IO, Any
 
 
@@ -21,6 +22,7 @@ class LogStreamer:
         lock: threading.Lock,
         tail: collections.deque,
         to_driver: Any | None,
+        on_line: Callable[[], None] | None = None,
     ):
         self._pipe = pipe
         self._prefix = f"(rank={rank} pid={pid}) "
@@ -28,6 +30,7 @@ class LogStreamer:
         self._lock = lock
         self._tail = tail
         self._to_driver = to_driver  # "stdout" / "stderr" / None
+        self._on_line = on_line
         self.thread = threading.Thread(target=self._run, name=f"trainforge-log-{rank}", daemon=True)
         self.thread.start()
 
@@ -36,6 +39,8 @@ class LogStreamer:
             if not raw.endswith(b"\n"):
                 raw += b"\n"
             line = raw.decode("utf-8", errors="replace")
+            if self._on_line is not None:
+                self._on_line()
             with self._lock:
                 try:
                     self._log_file.write(raw)

@@ -37,3 +37,11 @@ class MetricsLog:
         else:  # object stores cannot append: rewrite the whole file
             self._storage.write_text(METRICS_FILE, "".join(dumps(r) + "\n" for r in self.rows))
         self._unwritten = []
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` rows (a restart continues the history from its checkpoint)."""
+        if n >= len(self.rows):
+            return
+        self.flush()
+        self.rows = self.rows[:n]
+        self._storage.write_text(METRICS_FILE, "".join(dumps(r) + "\n" for r in self.rows))

@@ -32,9 +32,10 @@ class ProgressReporter(Callback):
     def _print(self, text: str) -> None:
         print(f"trainforge: {text}", file=sys.stderr, flush=True)
 
-    def on_run_start(self, run_path: str, num_workers: int) -> None:
+    def on_run_start(self, run_path: str, num_workers: Any) -> None:
         self._t0 = time.monotonic()
-        self._print(f"run {self.name!r} on {num_workers} local worker(s); results in {run_path}")
+        workers = f"{num_workers[0]}-{num_workers[1]}" if isinstance(num_workers, tuple) else str(num_workers)
+        self._print(f"run {self.name!r} on {workers} local worker(s); results in {run_path}")
 
     def on_report(self, report: Any) -> None:
         now = time.monotonic()

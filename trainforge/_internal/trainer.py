@@ -159,11 +159,12 @@ class DataParallelTrainer:
         if worker_init_fn is not None and not callable(worker_init_fn):
             raise TypeError(f"worker_init_fn={worker_init_fn!r} must be a function taking no arguments.")
         self.worker_init_fn = worker_init_fn
-        self._gpu_groups = assign_gpus(
-            self.scaling_config.num_workers,
-            self.scaling_config.gpus_per_worker,
-            local_gpu_ids() if self.scaling_config.gpus_per_worker > 0 else [],
-        )
+        # Fail now, not after start-up, if even the minimum number of workers cannot get its GPUs.
+        self._gpu_groups(self.scaling_config.min_workers)
+
+    def _gpu_groups(self, n: int) -> list[list[str]]:
+        gpw = self.scaling_config.gpus_per_worker
+        return assign_gpus(n, gpw, local_gpu_ids() if gpw > 0 else [])
 
     # -- public -----------------------------------------------------------------------------------
     def fit(self) -> Result:
@@ -279,12 +280,18 @@ class DataParallelTrainer:
             with storage.fs.open(storage.path(TRAINER_STATE_FILE), "wb") as f:
                 f.write(blob)
 
-    def _make_payloads(
-        self, storage: StorageContext, shards: list[dict[str, Any]]
-    ) -> Callable[[int, Checkpoint | None, list[WorkerSpec]], list[bytes]]:
+    def _make_payloads(self, storage: StorageContext) -> Callable[[int, Checkpoint | None, list[WorkerSpec]], list[bytes]]:
         import cloudpickle
 
+        from trainforge._internal.datasets import shard_datasets
+
+        shards_by_size: dict[int, list[dict[str, Any]]] = {}
+
         def make(attempt: int, checkpoint: Checkpoint | None, specs: list[WorkerSpec]) -> list[bytes]:
+            n = len(specs)
+            if n not in shards_by_size:  # an elastic resize re-shards the data for the new size
+                shards_by_size[n] = _split(shard_datasets, self.datasets, n, self._datasets_to_split)
+            shards = shards_by_size[n]
             payloads = []
             for spec in specs:
                 context = TrainContext(
@@ -314,7 +321,8 @@ class DataParallelTrainer:
         return make
 
     def _run(self) -> Generator[TrainingReport, None, Result]:
-        from trainforge._internal.datasets import shard_datasets
+        from trainforge._internal.resources import local_available
+        from trainforge._internal.scaling_policy import ScalingPolicy
         from trainforge._internal.worker_group.local import LocalWorkerGroup
 
         rc = self.run_config
@@ -326,13 +334,11 @@ class DataParallelTrainer:
         manager = CheckpointManager(rc.checkpoint_config, storage.delete_checkpoint)
         manager.load(storage.list_checkpoints())
         metrics_log = MetricsLog(storage)
-        n = self.scaling_config.num_workers
-        shards = _split(shard_datasets, self.datasets, n, self._datasets_to_split)
         log_dir = storage.local_log_dir()
         hooks = ControllerHooks(
             make_worker_group=lambda: LocalWorkerGroup(log_dir=log_dir, log_to_driver=rc.log_to_driver),
-            make_specs=lambda attempt: local_worker_specs(self.scaling_config, attempt, self._gpu_groups),
-            make_payloads=self._make_payloads(storage, shards),
+            make_specs=lambda attempt, n: local_worker_specs(self.scaling_config, attempt, n, self._gpu_groups(n)),
+            make_payloads=self._make_payloads(storage),
             worker_init_fn=self.worker_init_fn,
             preload=self._preload_modules,
             callbacks=callbacks,
@@ -346,11 +352,13 @@ class DataParallelTrainer:
             FailurePolicy(rc.failure_config),
             metrics_log,
             initial_checkpoint=self.resume_from_checkpoint,
+            scaling_policy=ScalingPolicy(self.scaling_config, local_available),
+            hang_timeout_s=rc.failure_config.hang_timeout_s,
         )
         self._save_state(storage, "running")
         self._save_trainer(storage)
         for cb in callbacks:
-            cb.on_run_start(storage.run_path, n)
+            cb.on_run_start(storage.run_path, self.scaling_config.num_workers)
         terminate = _TerminateSignal()
         terminate.install()
         status = "interrupted"

@@ -49,8 +49,9 @@ def assign_gpus(num_workers: int, gpus_per_worker: float, available: list[str]) 
     return groups
 
 
-def local_worker_specs(scaling: ScalingConfig, attempt: int, gpu_groups: list[list[str]]) -> list[WorkerSpec]:
-    n = scaling.num_workers
+def local_worker_specs(
+    scaling: ScalingConfig, attempt: int, n: int, gpu_groups: list[list[str]]
+) -> list[WorkerSpec]:
     threads = str(max(1, int(scaling.cpus_per_worker)))
     specs = []
     for rank in range(n):

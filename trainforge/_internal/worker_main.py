@@ -27,6 +27,9 @@ from typing import Any
 ENV_DRIVER_ADDR = "TRAINFORGE_DRIVER_ADDR"
 ENV_AUTHKEY = "TRAINFORGE_AUTHKEY"
 ENV_WORKER_RANK = "TRAINFORGE_WORKER_RANK"
+ENV_STACK_FILE = "TRAINFORGE_STACK_FILE"
+STACK_SIGNAL = signal.SIGUSR1
+_stack_file: Any = None
 
 _STOP = object()
 BATCH_LINGER_S = 0.05
@@ -153,6 +156,13 @@ def _run_training(channel: _Channel, blob: bytes) -> bool:
 def main() -> int:
     _set_parent_death_signal()
     faulthandler.enable()  # a segfault prints the Python stack to stderr (streamed to the driver)
+    stack_path = os.environ.get(ENV_STACK_FILE)
+    if stack_path:
+        # SIGUSR1 dumps every thread's stack into this file, even while the main thread is blocked
+        # in C code (a collective, a lock): the driver uses it to show where a hung worker is.
+        global _stack_file
+        _stack_file = open(stack_path, "a")  # noqa: SIM115 - lives as long as the process
+        faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
     # Stop cleanly on SIGTERM: raise in the main thread so `finally` blocks and atexit run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from multiprocessing.connection import Client

@@ -87,6 +87,15 @@ class WorkerGroup(abc.ABC):
         """Wait up to ``timeout`` seconds for events (reports, completions, failures) and return them."""
 
     @abc.abstractmethod
+    def last_progress(self) -> dict[int, float]:
+        """For each worker whose train loop is still running: ``time.monotonic()`` of its last sign
+        of progress (a report or a line of output; the training start at first)."""
+
+    @abc.abstractmethod
+    def dump_stacks(self, rank: int, timeout: float = 3.0) -> str:
+        """The Python stack of every thread of a worker, taken now (even if it is blocked in C code)."""
+
+    @abc.abstractmethod
     def shutdown(self, graceful: bool = True) -> None:
         """Stop every worker (SIGTERM, bounded wait, SIGKILL). Idempotent; leaves no process behind."""
 

@@ -36,7 +36,13 @@ from trainforge._internal.worker_group.api import (
     WorkerMetadata,
     WorkerSpec,
 )
-from trainforge._internal.worker_main import ENV_AUTHKEY, ENV_DRIVER_ADDR, ENV_WORKER_RANK
+from trainforge._internal.worker_main import (
+    ENV_AUTHKEY,
+    ENV_DRIVER_ADDR,
+    ENV_STACK_FILE,
+    ENV_WORKER_RANK,
+    STACK_SIGNAL,
+)
 
 _TAIL_LINES = 60
 
@@ -52,10 +58,15 @@ class _Worker:
         self.tail: collections.deque = collections.deque(maxlen=_TAIL_LINES)
         self.streamers: list[LogStreamer] = []
         self.log_file: Any = None
+        self.stack_file = ""
+        self.last_progress = time.monotonic()
 
     @property
     def rank(self) -> int:
         return self.spec.rank
+
+    def touch(self) -> None:
+        self.last_progress = time.monotonic()
 
     @property
     def pid(self) -> int:
@@ -83,6 +94,7 @@ class LocalWorkerGroup(WorkerGroup):
         self._log_lock = threading.Lock()
         self._shutdown_done = False
         self._finalizer: weakref.finalize | None = None
+        self._tmp_dir: str | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self, specs: list[WorkerSpec], preload: tuple[str, ...] = ()) -> None:
@@ -101,6 +113,8 @@ class LocalWorkerGroup(WorkerGroup):
             env[ENV_WORKER_RANK] = str(spec.rank)
             env["PYTHONUNBUFFERED"] = "1"
             env[constants.ENV_WORKER_PRELOAD] = ",".join(preload)
+            stack_file = os.path.join(self._stack_dir(), f"rank_{spec.rank}.stack")
+            env[ENV_STACK_FILE] = stack_file
             proc = subprocess.Popen(
                 [sys.executable, "-u", "-m", "trainforge._internal.worker_main"],
                 env=env,
@@ -110,6 +124,7 @@ class LocalWorkerGroup(WorkerGroup):
                 start_new_session=True,
             )
             worker = _Worker(spec, proc)
+            worker.stack_file = stack_file
             self._attach_logs(worker)
             self._workers.append(worker)
         self._finalizer = weakref.finalize(self, _kill_process_groups, [w.pid for w in self._workers], signal.SIGKILL)
@@ -117,6 +132,15 @@ class LocalWorkerGroup(WorkerGroup):
         setup = ("setup", list(sys.path), os.getcwd())
         for w in self._workers:
             self._send(w, setup)
+
+    def _stack_dir(self) -> str:
+        if self._log_dir is not None:
+            return self._log_dir
+        if self._tmp_dir is None:
+            import tempfile
+
+            self._tmp_dir = tempfile.mkdtemp(prefix="trainforge_stacks_")
+        return self._tmp_dir
 
     def _attach_logs(self, worker: _Worker) -> None:
         if self._log_dir is not None:
@@ -134,6 +158,7 @@ class LocalWorkerGroup(WorkerGroup):
                     self._log_lock,
                     worker.tail,
                     target if self._log_to_driver else None,
+                    on_line=worker.touch,
                 )
             )
 
@@ -228,6 +253,7 @@ class LocalWorkerGroup(WorkerGroup):
             for m in msg[1]:
                 self._dispatch(w, m)
         elif kind == "report":
+            w.last_progress = time.monotonic()
             _, index, payload, staged, t = msg
             self._events.append(ReportEvent(w.rank, index, pickle.loads(payload), staged, t))
         elif kind == "result":
@@ -335,8 +361,48 @@ class LocalWorkerGroup(WorkerGroup):
 
     # -- training ---------------------------------------------------------------------------------
     def start_training(self, payloads: list[bytes]) -> None:
+        now = time.monotonic()
         for w, blob in zip(self._workers, payloads, strict=True):
+            w.last_progress = now
             self._send(w, ("train", blob))
+
+    def last_progress(self) -> dict[int, float]:
+        return {w.rank: w.last_progress for w in self._workers if not w.finished and not w.failed}
+
+    def dump_stacks(self, rank: int, timeout: float = 3.0) -> str:
+        w = self._workers[rank]
+        try:
+            start = os.path.getsize(w.stack_file)
+        except OSError:
+            start = 0
+        try:
+            os.kill(w.pid, STACK_SIGNAL)
+        except ProcessLookupError:
+            return ""
+        # faulthandler writes the dump in one go from the signal handler: wait for the file to grow,
+        # then for it to stop growing.
+        deadline = time.monotonic() + timeout
+        size, stable_since = start, None
+        while time.monotonic() < deadline:
+            try:
+                now_size = os.path.getsize(w.stack_file)
+            except OSError:
+                now_size = start
+            if now_size > start and now_size == size:
+                if stable_since is None:
+                    stable_since = time.monotonic()
+                elif time.monotonic() - stable_since > 0.1:
+                    break
+            else:
+                stable_since = None
+            size = now_size
+            time.sleep(0.02)
+        try:
+            with open(w.stack_file) as f:
+                f.seek(start)
+                return f.read()
+        except OSError:
+            return ""
 
     def poll(self, timeout: float) -> list[Event]:
         if not self._events:
@@ -380,6 +446,10 @@ class LocalWorkerGroup(WorkerGroup):
             self._listener.close()
         if self._finalizer is not None:
             self._finalizer.detach()
+        if self._tmp_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
 
     @staticmethod
     def _wait_exit(workers: list[_Worker], timeout: float) -> None:

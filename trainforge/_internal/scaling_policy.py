@@ -1,0 +1,41 @@
+"""How many workers to run: fixed, or elastic within (min, max) by the resources on offer."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+from trainforge._internal.config import ScalingConfig
+from trainforge._internal.resources import per_worker, workers_that_fit
+
+
+class ScalingDecision(enum.Enum):
+    KEEP = "keep"
+    GROW = "grow"
+
+
+class ScalingPolicy:
+    """``size_now()`` is the group size to start with now (None: not even ``min`` fits yet);
+    ``decide(current)`` says whether a running elastic group should grow."""
+
+    def __init__(self, scaling: ScalingConfig, available: Callable[[], dict[str, float]]):
+        self.scaling = scaling
+        self._available = available
+
+    def size_now(self) -> int | None:
+        if not self.scaling.elastic:
+            return self.scaling.max_workers
+        n = workers_that_fit(self.scaling, self._available())
+        return n if n >= self.scaling.min_workers else None
+
+    def decide(self, current: int) -> ScalingDecision:
+        if not self.scaling.elastic or current >= self.scaling.max_workers:
+            return ScalingDecision.KEEP
+        n = self.size_now()
+        return ScalingDecision.GROW if n is not None and n > current else ScalingDecision.KEEP
+
+    def shortage(self) -> str:
+        need = per_worker(self.scaling)
+        return (
+            f"need at least {self.scaling.min_workers} worker(s) of {need}, the machine offers {self._available()}"
+        )
