@@ -85,7 +85,7 @@ class Harness:
 
     def _make_specs(self, attempt: int, n: int = 0):
         self.spec_attempts.append(attempt)
-        return specs(self.n)
+        return specs(n or self.n)
 
     def _make_payloads(self, attempt, checkpoint, worker_specs):
         self.payload_calls.append((attempt, checkpoint, len(worker_specs)))

@@ -150,6 +150,9 @@ class Controller:
             self.metrics.flush()
 
     def step(self) -> None:
+        """Advance one iteration; a no-op once FINISHED or ERRORED."""
+        if self.state in (RunState.FINISHED, RunState.ERRORED):
+            return
         handler = {
             RunState.INITIALIZING: self._initialize,
             RunState.SCHEDULING: self._schedule,
