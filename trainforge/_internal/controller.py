@@ -100,6 +100,9 @@ class ControllerHooks:
     worker_init_fn: Callable[[], Any] | None = None
     preload: tuple[str, ...] = ()
     callbacks: list[Any] = field(default_factory=list)
+    # Called once a group is training, with its size and whether a later restart or resize is
+    # possible (the local executor then pre-starts standby workers).
+    after_start: Callable[[int, bool], None] | None = None
 
 
 class Controller:
@@ -217,6 +220,9 @@ class Controller:
             self.group.start_training(self.hooks.make_payloads(self.attempt, checkpoint, self._specs))
             logger.info("started %d workers in %.2fs (attempt %d)", len(self._specs), time.monotonic() - t0,
                         self.attempt)
+            if self.hooks.after_start is not None:
+                elastic = self.scaling is not None and self.scaling.scaling.elastic
+                self.hooks.after_start(len(self._specs), elastic or self.policy.allows(len(self.failures) + 1))
         except WorkerGroupError as exc:
             failures = getattr(exc, "failures", None) or [
                 WorkerFailure(rank=-1, pid=None, kind="exception", exc_type=type(exc).__name__,

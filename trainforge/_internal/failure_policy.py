@@ -19,6 +19,11 @@ class FailurePolicy:
     def __init__(self, config: FailureConfig):
         self.config = config
 
+    def allows(self, failures: int) -> bool:
+        """Would a restart be allowed after ``failures`` failures?"""
+        limit = self.config.max_failures
+        return limit == -1 or failures <= limit
+
     def decide(self, failures_so_far: int) -> FailureDecision:
         """``failures_so_far`` counts the failure being decided on."""
         limit = self.config.max_failures

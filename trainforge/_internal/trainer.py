@@ -24,7 +24,7 @@ from trainforge._internal.result import Result, TrainingReport
 from trainforge._internal.session import TrainContext
 from trainforge._internal.storage import RUN_STATE_FILE, StorageContext, dumps
 from trainforge._internal.train_fn import TrainPayload, check_train_loop
-from trainforge._internal.worker_env import assign_gpus, local_gpu_ids, local_worker_specs
+from trainforge._internal.worker_env import assign_gpus, local_gpu_ids, local_worker_specs, spawn_env
 from trainforge._internal.worker_group.api import WorkerSpec
 
 logger = logging.getLogger("trainforge")
@@ -324,6 +324,7 @@ class DataParallelTrainer:
         from trainforge._internal.resources import local_available
         from trainforge._internal.scaling_policy import ScalingPolicy
         from trainforge._internal.worker_group.local import LocalWorkerGroup
+        from trainforge._internal.worker_group.local_pool import LocalProcessPool
 
         rc = self.run_config
         storage = self._make_storage()
@@ -335,13 +336,20 @@ class DataParallelTrainer:
         manager.load(storage.list_checkpoints())
         metrics_log = MetricsLog(storage)
         log_dir = storage.local_log_dir()
+        pool = LocalProcessPool(spawn_env=spawn_env(self.scaling_config), stack_dir=log_dir)
+
+        def after_start(n: int, may_restart: bool) -> None:
+            if may_restart:
+                pool.prewarm(self.scaling_config.max_workers, self._preload_modules)
+
         hooks = ControllerHooks(
-            make_worker_group=lambda: LocalWorkerGroup(log_dir=log_dir, log_to_driver=rc.log_to_driver),
+            make_worker_group=lambda: LocalWorkerGroup(log_dir=log_dir, log_to_driver=rc.log_to_driver, pool=pool),
             make_specs=lambda attempt, n: local_worker_specs(self.scaling_config, attempt, n, self._gpu_groups(n)),
             make_payloads=self._make_payloads(storage),
             worker_init_fn=self.worker_init_fn,
             preload=self._preload_modules,
             callbacks=callbacks,
+            after_start=after_start,
         )
         controller = Controller(
             hooks,
@@ -367,6 +375,7 @@ class DataParallelTrainer:
             status = "errored" if controller.error is not None else "finished"
         finally:
             terminate.restore()
+            pool.close()
             storage.upload_logs(log_dir)
             self._save_state(storage, status, controller.error)
         result = controller.result()

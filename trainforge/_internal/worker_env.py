@@ -71,3 +71,12 @@ def local_worker_specs(
             env[constants.ENV_CUDA_VISIBLE_DEVICES] = ",".join(gpu_groups[rank])
         specs.append(WorkerSpec(rank, rank, n, 0, n, env, list(gpu_groups[rank])))
     return specs
+
+
+def spawn_env(scaling: ScalingConfig) -> dict[str, str]:
+    """Environment every local worker process starts with (before it has a rank): what must be set
+    before torch is imported. Like Ray Train and torchrun, one intra-op thread per reserved CPU
+    unless the user chose."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, int(scaling.cpus_per_worker)))}

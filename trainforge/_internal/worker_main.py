@@ -3,6 +3,7 @@
 The worker connects back to the driver over a loopback socket (address and auth key in the
 environment), then serves commands:
 
+    ("setup", sys_path, cwd, env)  join the run: the driver's sys.path and cwd, this rank's environment
     ("execute", call_id, blob)  run cloudpickled (fn, args, kwargs); reply ("result", call_id, ok, blob)
     ("train", blob)             run the train loop; replies ("report", ...)*, then ("done", n) or ("error", ...)
     ("exit",)                   flush and exit 0
@@ -26,7 +27,6 @@ from typing import Any
 
 ENV_DRIVER_ADDR = "TRAINFORGE_DRIVER_ADDR"
 ENV_AUTHKEY = "TRAINFORGE_AUTHKEY"
-ENV_WORKER_RANK = "TRAINFORGE_WORKER_RANK"
 ENV_STACK_FILE = "TRAINFORGE_STACK_FILE"
 STACK_SIGNAL = signal.SIGUSR1
 _stack_file: Any = None
@@ -169,10 +169,9 @@ def main() -> int:
 
     host, port = os.environ[ENV_DRIVER_ADDR].rsplit(":", 1)
     authkey = bytes.fromhex(os.environ.pop(ENV_AUTHKEY))
-    rank = int(os.environ[ENV_WORKER_RANK])
     conn = Client((host, int(port)), authkey=authkey)
     channel = _Channel(conn)
-    channel.send(("hello", rank, os.getpid()))
+    channel.send(("hello", os.getpid()))
 
     for module in filter(None, os.environ.get("TRAINFORGE_WORKER_PRELOAD", "").split(",")):
         try:
@@ -184,7 +183,9 @@ def main() -> int:
         cmd = channel.commands.get()
         kind = cmd[0]
         if kind == "setup":
-            _, sys_path, cwd = cmd
+            # Rank, world size, devices: a standby worker learns them only now.
+            _, sys_path, cwd, env = cmd
+            os.environ.update(env)
             for p in reversed(sys_path):
                 if p not in sys.path:
                     sys.path.insert(0, p)

@@ -1,32 +1,27 @@
 """Workers as local processes started by trainforge itself (the default executor).
 
-Each worker is ``python -u -m trainforge._internal.worker_main`` in its own session (so a terminal's
-Ctrl-C reaches only the driver, which then stops the workers), connected back over a loopback socket
-with a random auth key. Shutdown escalates: ("exit" command when graceful) -> SIGTERM to the worker's
-process group -> bounded wait -> SIGKILL, so no worker or worker child is ever left behind.
+Processes come from a :class:`LocalProcessPool` (fresh, or pre-started standby ones), each in its
+own session so a terminal's Ctrl-C reaches only the driver, which then stops them. Shutdown
+escalates: ("exit" command when graceful) -> SIGTERM to the worker's process group -> bounded wait
+-> SIGKILL, so no worker or worker child is ever left behind.
 """
 
 from __future__ import annotations
 
-import collections
 import os
 import pickle
-import queue
-import secrets
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
-from multiprocessing.connection import Connection, Listener, wait
+from multiprocessing.connection import wait
 from typing import Any
 
 from trainforge._internal import constants
-from trainforge._internal.exceptions import WorkerFailure, WorkerGroupError, WorkerStartError
-from trainforge._internal.log_streaming import LogStreamer
+from trainforge._internal.exceptions import WorkerFailure, WorkerGroupError, format_failures
 from trainforge._internal.worker_group.api import (
     DoneEvent,
     Event,
@@ -36,172 +31,48 @@ from trainforge._internal.worker_group.api import (
     WorkerMetadata,
     WorkerSpec,
 )
-from trainforge._internal.worker_main import (
-    ENV_AUTHKEY,
-    ENV_DRIVER_ADDR,
-    ENV_STACK_FILE,
-    ENV_WORKER_RANK,
-    STACK_SIGNAL,
-)
+from trainforge._internal.worker_group.local_pool import LocalProcessPool, WorkerProcess, kill_process_groups
+from trainforge._internal.worker_main import STACK_SIGNAL
 
-_TAIL_LINES = 60
-
-
-class _Worker:
-    def __init__(self, spec: WorkerSpec, proc: subprocess.Popen):
-        self.spec = spec
-        self.proc = proc
-        self.conn: Connection | None = None
-        self.finished = False  # sent "done" or "error": its train loop is over
-        self.failed = False  # a failure was recorded for it
-        self.exit_sent = False
-        self.tail: collections.deque = collections.deque(maxlen=_TAIL_LINES)
-        self.streamers: list[LogStreamer] = []
-        self.log_file: Any = None
-        self.stack_file = ""
-        self.last_progress = time.monotonic()
-
-    @property
-    def rank(self) -> int:
-        return self.spec.rank
-
-    def touch(self) -> None:
-        self.last_progress = time.monotonic()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-
-def _kill_process_groups(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+_Worker = WorkerProcess
 
 
 class LocalWorkerGroup(WorkerGroup):
-    def __init__(self, log_dir: str | None = None, log_to_driver: bool = True):
+    """``pool``: where processes come from (shared across a run's attempts); without one the group
+    makes a private pool and closes it at shutdown."""
+
+    def __init__(
+        self,
+        log_dir: str | None = None,
+        log_to_driver: bool = True,
+        pool: LocalProcessPool | None = None,
+    ):
         self._log_dir = log_dir
         self._log_to_driver = log_to_driver
+        self._own_pool = pool is None
+        self._pool = pool if pool is not None else LocalProcessPool(stack_dir=log_dir)
         self._workers: list[_Worker] = []
-        self._listener: Listener | None = None
-        self._authkey = secrets.token_bytes(32)
         self._events: list[Event] = []
         self._results: dict[tuple[int, int], tuple[bool, Any]] = {}
         self._call_id = 0
         self._log_lock = threading.Lock()
         self._shutdown_done = False
-        self._finalizer: weakref.finalize | None = None
-        self._tmp_dir: str | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self, specs: list[WorkerSpec], preload: tuple[str, ...] = ()) -> None:
-        self._listener = Listener(("127.0.0.1", 0), authkey=self._authkey, backlog=max(8, len(specs)))
-        host, port = self._listener.address
-        accepted: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(
-            target=self._accept_loop, args=(len(specs), accepted), name="trainforge-accept", daemon=True
-        ).start()
-        base_env = dict(os.environ)
-        for spec in specs:
-            env = dict(base_env)
-            env.update(spec.env)
-            env[ENV_DRIVER_ADDR] = f"{host}:{port}"
-            env[ENV_AUTHKEY] = self._authkey.hex()
-            env[ENV_WORKER_RANK] = str(spec.rank)
-            env["PYTHONUNBUFFERED"] = "1"
-            env[constants.ENV_WORKER_PRELOAD] = ",".join(preload)
-            stack_file = os.path.join(self._stack_dir(), f"rank_{spec.rank}.stack")
-            env[ENV_STACK_FILE] = stack_file
-            proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", "trainforge._internal.worker_main"],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-            worker = _Worker(spec, proc)
-            worker.stack_file = stack_file
-            self._attach_logs(worker)
-            self._workers.append(worker)
-        self._finalizer = weakref.finalize(self, _kill_process_groups, [w.pid for w in self._workers], signal.SIGKILL)
-        self._wait_connected(accepted)
-        setup = ("setup", list(sys.path), os.getcwd())
+        self._workers = self._pool.acquire(len(specs), preload)
+        for w, spec in zip(self._workers, specs, strict=True):
+            w.spec = spec
+            if self._log_dir is not None:
+                w.log_file = open(os.path.join(self._log_dir, f"rank_{spec.rank}.log"), "ab")  # noqa: SIM115
+            else:
+                w.log_file = open(os.devnull, "wb")  # noqa: SIM115
+            for s in w.streamers:
+                s.assign(spec.rank, w.pid, w.log_file, self._log_lock, w.tail, self._log_to_driver, w.touch)
+        self._pool.wait_connected(self._workers)
         for w in self._workers:
-            self._send(w, setup)
-
-    def _stack_dir(self) -> str:
-        if self._log_dir is not None:
-            return self._log_dir
-        if self._tmp_dir is None:
-            import tempfile
-
-            self._tmp_dir = tempfile.mkdtemp(prefix="trainforge_stacks_")
-        return self._tmp_dir
-
-    def _attach_logs(self, worker: _Worker) -> None:
-        if self._log_dir is not None:
-            worker.log_file = open(os.path.join(self._log_dir, f"rank_{worker.rank}.log"), "ab")  # noqa: SIM115
-        else:
-            worker.log_file = open(os.devnull, "wb")  # noqa: SIM115
-        for pipe, target in ((worker.proc.stdout, "stdout"), (worker.proc.stderr, "stderr")):
-            assert pipe is not None
-            worker.streamers.append(
-                LogStreamer(
-                    pipe,
-                    worker.rank,
-                    worker.pid,
-                    worker.log_file,
-                    self._log_lock,
-                    worker.tail,
-                    target if self._log_to_driver else None,
-                    on_line=worker.touch,
-                )
-            )
-
-    def _accept_loop(self, n: int, out: queue.SimpleQueue) -> None:
-        assert self._listener is not None
-        for _ in range(n):
-            try:
-                conn = self._listener.accept()
-            except Exception as exc:  # listener closed, auth failure
-                out.put(exc)
-                return
-            out.put(conn)
-
-    def _wait_connected(self, accepted: queue.SimpleQueue) -> None:
-        deadline = time.monotonic() + constants.worker_start_timeout_s()
-        pending = len(self._workers)
-        while pending:
-            try:
-                item = accepted.get(timeout=0.05)
-            except queue.Empty:
-                item = None
-            if isinstance(item, Exception):
-                raise WorkerStartError(f"a worker could not connect to the driver: {item}")
-            if item is not None:
-                msg = pickle.loads(item.recv_bytes())
-                assert msg[0] == "hello", msg
-                self._workers[msg[1]].conn = item
-                pending -= 1
-                continue
-            for w in self._workers:
-                if w.conn is None and w.proc.poll() is not None:
-                    self._join_logs(w, 2.0)
-                    failure = self._died(w)
-                    raise WorkerStartError(
-                        f"worker rank {w.rank} (pid {w.pid}) exited during start-up: {failure.exit_description()}\n"
-                        f"last output:\n{failure.log_tail}"
-                    )
-            if time.monotonic() > deadline:
-                missing = [w.rank for w in self._workers if w.conn is None]
-                raise WorkerStartError(
-                    f"workers {missing} did not connect within {constants.worker_start_timeout_s():.0f}s; "
-                    f"raise ${constants.ENV_START_TIMEOUT_S} if the machine is slow."
-                )
+            assert w.spec is not None
+            self._send(w, ("setup", list(sys.path), os.getcwd(), dict(w.spec.env)))
 
     @property
     def num_workers(self) -> int:
@@ -210,10 +81,14 @@ class LocalWorkerGroup(WorkerGroup):
     @property
     def worker_metadata(self) -> list[WorkerMetadata]:
         host = socket.gethostname()
-        return [
-            WorkerMetadata(w.rank, w.spec.local_rank, w.spec.node_rank, w.pid, host, "127.0.0.1", list(w.spec.gpu_ids))
-            for w in self._workers
-        ]
+        out = []
+        for w in self._workers:
+            assert w.spec is not None
+            out.append(
+                WorkerMetadata(w.rank, w.spec.local_rank, w.spec.node_rank, w.pid, host, "127.0.0.1",
+                               list(w.spec.gpu_ids))
+            )
+        return out
 
     @property
     def pids(self) -> list[int]:
@@ -327,8 +202,6 @@ class LocalWorkerGroup(WorkerGroup):
         while True:
             failures = [e.failure for e in self._events if isinstance(e, FailureEvent) and e.failure.rank in ranks]
             if failures:
-                from trainforge._internal.exceptions import format_failures
-
                 raise WorkerGroupError(format_failures(failures))
             if all((call_id, r) in self._results for r in ranks):
                 break
@@ -345,8 +218,6 @@ class LocalWorkerGroup(WorkerGroup):
                                   message=message, traceback=tb, time=time.time())
                 )
         if errors:
-            from trainforge._internal.exceptions import format_failures
-
             err = WorkerGroupError(format_failures(errors))
             err.failures = errors  # type: ignore[attr-defined]
             raise err
@@ -427,10 +298,10 @@ class LocalWorkerGroup(WorkerGroup):
         for w in self._workers:
             w.exit_sent = True
         if alive:
-            _kill_process_groups([w.pid for w in alive], signal.SIGTERM)
+            kill_process_groups([w.pid for w in alive], signal.SIGTERM)
             self._wait_exit(alive, grace)
         # Whatever is left, including children the workers started in their process groups.
-        _kill_process_groups([w.pid for w in self._workers], signal.SIGKILL)
+        kill_process_groups([w.pid for w in self._workers], signal.SIGKILL)
         for w in self._workers:
             try:
                 w.proc.wait(timeout=10)
@@ -442,14 +313,8 @@ class LocalWorkerGroup(WorkerGroup):
             if w.log_file is not None:
                 with self._log_lock:
                     w.log_file.close()
-        if self._listener is not None:
-            self._listener.close()
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        if self._tmp_dir is not None:
-            import shutil
-
-            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+        if self._own_pool:
+            self._pool.close()
 
     @staticmethod
     def _wait_exit(workers: list[_Worker], timeout: float) -> None:

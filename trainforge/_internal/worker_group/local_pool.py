@@ -1,0 +1,215 @@
+"""Local worker processes: spawning them, and keeping standby ones ready for fast restarts.
+
+A worker process (``python -u -m trainforge._internal.worker_main``) starts without a rank: it
+connects back to the pool's loopback listener (random auth key), says hello with its pid, imports
+its preload modules (torch for a TorchTrainer) and waits. A worker group then takes processes from
+the pool and gives each its rank and environment in the "setup" message.
+
+Standby workers: once a run that may restart (``max_failures != 0`` or elastic) is training, the pool
+starts spare processes that import torch and ``torch._dynamo`` (what the first DistributedDataParallel
+needs) ahead of time, so a restart or a resize skips the ~2.5 s of imports. They cost memory (one
+interpreter with torch each) and a one-off burst of CPU; they are killed when the run ends.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from multiprocessing.connection import Connection, Listener
+from typing import Any
+
+from trainforge._internal import constants
+from trainforge._internal.exceptions import WorkerStartError
+from trainforge._internal.log_streaming import LogStreamer
+from trainforge._internal.worker_group.api import WorkerSpec
+from trainforge._internal.worker_main import ENV_AUTHKEY, ENV_DRIVER_ADDR, ENV_STACK_FILE
+
+_TAIL_LINES = 60
+
+
+def kill_process_groups(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class WorkerProcess:
+    """One local worker process; ``spec`` is None while it waits on standby."""
+
+    def __init__(self, proc: subprocess.Popen, stack_file: str, preload: tuple[str, ...]):
+        self.proc = proc
+        self.stack_file = stack_file
+        self.preload = preload
+        self.spec: WorkerSpec | None = None
+        self.conn: Connection | None = None
+        self.finished = False  # sent "done" or "error": its train loop is over
+        self.failed = False  # a failure was recorded for it
+        self.exit_sent = False
+        self.tail: collections.deque = collections.deque(maxlen=_TAIL_LINES)
+        self.streamers: list[LogStreamer] = []
+        self.log_file: Any = None
+        self.last_progress = time.monotonic()
+
+    @property
+    def rank(self) -> int:
+        return self.spec.rank if self.spec is not None else -1
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def touch(self) -> None:
+        self.last_progress = time.monotonic()
+
+
+class LocalProcessPool:
+    def __init__(self, spawn_env: dict[str, str] | None = None, stack_dir: str | None = None):
+        self._authkey = secrets.token_bytes(32)
+        self._listener = Listener(("127.0.0.1", 0), authkey=self._authkey, backlog=64)
+        self._spawn_env = dict(spawn_env or {})
+        self._stack_dir = stack_dir
+        self._tmp_dir: str | None = None
+        self._by_pid: dict[int, WorkerProcess] = {}
+        self._standby: list[WorkerProcess] = []
+        self._connected = threading.Condition()
+        self._closed = False
+        self._seq = 0
+        self._all_pids: list[int] = []
+        self._finalizer = weakref.finalize(self, kill_process_groups, self._all_pids, signal.SIGKILL)
+        threading.Thread(target=self._accept_loop, name="trainforge-accept", daemon=True).start()
+
+    # -- spawning ---------------------------------------------------------------------------------
+    def _stack_path(self) -> str:
+        if self._stack_dir is None:
+            import tempfile
+
+            self._tmp_dir = self._stack_dir = tempfile.mkdtemp(prefix="trainforge_stacks_")
+        self._seq += 1
+        return os.path.join(self._stack_dir, f"worker_{self._seq}.stack")
+
+    def spawn(self, preload: tuple[str, ...]) -> WorkerProcess:
+        host, port = self._listener.address
+        env = dict(os.environ)
+        env.update(self._spawn_env)
+        env[ENV_DRIVER_ADDR] = f"{host}:{port}"
+        env[ENV_AUTHKEY] = self._authkey.hex()
+        env["PYTHONUNBUFFERED"] = "1"
+        env[constants.ENV_WORKER_PRELOAD] = ",".join(preload)
+        stack_file = self._stack_path()
+        env[ENV_STACK_FILE] = stack_file
+        proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "trainforge._internal.worker_main"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # Ctrl-C in a terminal reaches the driver only; it stops us
+        )
+        w = WorkerProcess(proc, stack_file, preload)
+        for pipe, target in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
+            assert pipe is not None
+            w.streamers.append(LogStreamer(pipe, target))
+        with self._connected:
+            self._by_pid[proc.pid] = w
+        self._all_pids.append(proc.pid)
+        return w
+
+    def acquire(self, n: int, preload: tuple[str, ...]) -> list[WorkerProcess]:
+        """``n`` processes: live standby ones first, fresh ones for the rest."""
+        taken: list[WorkerProcess] = []
+        while self._standby and len(taken) < n:
+            w = self._standby.pop(0)
+            if w.proc.poll() is None and set(preload) <= set(w.preload):
+                taken.append(w)
+            else:
+                self._discard(w)
+        taken += [self.spawn(preload) for _ in range(n - len(taken))]
+        return taken
+
+    def prewarm(self, n: int, preload: tuple[str, ...]) -> None:
+        """Start standby processes until ``n`` wait. Call from a long-lived thread: Linux ties a
+        child's parent-death signal to the thread that spawned it."""
+        warm = tuple(dict.fromkeys(preload + (("torch._dynamo",) if "torch" in preload else ())))
+        self._standby = [w for w in self._standby if w.proc.poll() is None]
+        while len(self._standby) < n and not self._closed:
+            self._standby.append(self.spawn(warm))
+
+    @property
+    def standby_count(self) -> int:
+        return len(self._standby)
+
+    # -- connections ------------------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn = self._listener.accept()
+                msg = pickle.loads(conn.recv_bytes())
+            except Exception:  # listener closed (pool closed), or a bad/aborted handshake
+                if self._closed:
+                    return
+                continue
+            with self._connected:
+                w = self._by_pid.get(msg[1]) if msg[0] == "hello" else None
+                if w is None:
+                    conn.close()
+                    continue
+                w.conn = conn
+                self._connected.notify_all()
+
+    def wait_connected(self, workers: list[WorkerProcess]) -> None:
+        timeout = constants.worker_start_timeout_s()
+        deadline = time.monotonic() + timeout
+        with self._connected:
+            while True:
+                if all(w.conn is not None for w in workers):
+                    return
+                for w in workers:
+                    if w.conn is None and w.proc.poll() is not None:
+                        for s in w.streamers:
+                            s.join(2.0)
+                        raise WorkerStartError(
+                            f"worker rank {w.rank} (pid {w.pid}) exited during start-up with exit code "
+                            f"{w.proc.returncode}; last output:\n{''.join(w.tail)}"
+                        )
+                if time.monotonic() > deadline:
+                    missing = [w.rank for w in workers if w.conn is None]
+                    raise WorkerStartError(
+                        f"workers {missing} did not connect within {timeout:.0f}s; raise "
+                        f"${constants.ENV_START_TIMEOUT_S} if the machine is slow."
+                    )
+                self._connected.wait(0.05)
+
+    # -- cleanup ----------------------------------------------------------------------------------
+    def _discard(self, w: WorkerProcess) -> None:
+        kill_process_groups([w.pid], signal.SIGKILL)
+        try:
+            w.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+        for s in w.streamers:
+            s.join(1.0)
+        if w.conn is not None:
+            w.conn.close()
+
+    def close(self) -> None:
+        """Kill the standby processes and stop listening. Workers handed to groups are theirs."""
+        self._closed = True
+        for w in self._standby:
+            self._discard(w)
+        self._standby = []
+        self._listener.close()
+        self._finalizer.detach()
+        if self._tmp_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
