@@ -304,3 +304,36 @@ def test_elastic_gives_up_when_minimum_never_fits(tmp_path, monkeypatch):
         DataParallelTrainer(
             lambda: None, scaling_config=ScalingConfig(num_workers=(2, 4)), run_config=_rc(tmp_path)
         ).fit()
+
+
+@pytest.mark.slow
+def test_restart_uses_prestarted_standby_workers(tmp_path):
+    """A run that may restart keeps standby workers with torch and torch._dynamo already imported;
+    the restarted group is made of them (and none outlives the run: the autouse leak check)."""
+    from trainforge.torch import TorchTrainer
+
+    def loop():
+        import sys
+
+        ctx = train.get_context()
+        if ctx.get_attempt() == 0:
+            if ctx.get_world_rank() == 1:
+                raise RuntimeError("fail once")
+            while True:
+                time.sleep(0.05)
+        train.report({"dynamo_preloaded": "torch._dynamo" in sys.modules, "pid": os.getpid()})
+
+    trainer = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=2), run_config=_rc(tmp_path, max_failures=1))
+    [report] = list(trainer.fit_iter())
+    assert [m["dynamo_preloaded"] for m in report.all_metrics] == [True, True]
+
+
+def test_no_standby_workers_without_restarts(tmp_path):
+    def loop():
+        import psutil
+
+        siblings = psutil.Process(os.getppid()).children()
+        train.report({"processes": len(siblings)})
+
+    result = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2), run_config=_rc(tmp_path)).fit()
+    assert result.metrics == {"processes": 2}  # just the two workers: max_failures=0 keeps no spares
