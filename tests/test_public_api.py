@@ -24,6 +24,7 @@ TOP_LEVEL = [
     "Result",
     "RunConfig",
     "ScalingConfig",
+    "StorageError",
     "TrainContext",
     "TrainingFailedError",
     "TrainingReport",

@@ -13,7 +13,7 @@ from trainforge._internal.config import (
     RunConfig,
     ScalingConfig,
 )
-from trainforge._internal.exceptions import TrainingFailedError, WorkerFailure
+from trainforge._internal.exceptions import StorageError, TrainingFailedError, WorkerFailure
 from trainforge._internal.result import Result, TrainingReport
 from trainforge._internal.session import (
     TrainContext,
@@ -36,6 +36,7 @@ __all__ = [
     "Result",
     "RunConfig",
     "ScalingConfig",
+    "StorageError",
     "TrainContext",
     "TrainingFailedError",
     "TrainingReport",

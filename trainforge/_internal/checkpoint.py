@@ -27,6 +27,8 @@ class Checkpoint:
 
     ``path`` is a local path or a path inside ``filesystem`` (an fsspec filesystem; ``None`` means
     the local disk). Metadata is a small JSON dict stored beside the files in ``.metadata.json``.
+    Reads and writes on a remote filesystem retry transient errors and raise ``StorageError`` when
+    they fail for good.
     """
 
     def __init__(self, path: str | os.PathLike, filesystem: Any = None):
@@ -54,8 +56,14 @@ class Checkpoint:
         if self.is_local:
             shutil.copytree(self.path, dest, dirs_exist_ok=True)
         else:
-            self.filesystem.get(self.path.rstrip("/") + "/", dest.rstrip("/") + "/", recursive=True)
+            src = self.path.rstrip("/") + "/"
+            self._remote("download", lambda: self.filesystem.get(src, dest.rstrip("/") + "/", recursive=True))
         return dest
+
+    def _remote(self, operation: str, fn: Any) -> Any:
+        from trainforge._internal.retry import display_url, retry_call
+
+        return retry_call(f"checkpoint {operation}", display_url(self.filesystem, self.path), fn)
 
     @contextlib.contextmanager
     def as_directory(self) -> Iterator[str]:
@@ -79,8 +87,13 @@ class Checkpoint:
             if self.is_local:
                 with open(self._metadata_path()) as f:
                     return json.load(f)
-            with self.filesystem.open(self._metadata_path(), "r") as f:
-                return json.load(f)
+            return self._remote("get_metadata", self._read_remote_metadata)
+        except FileNotFoundError:
+            return {}
+
+    def _read_remote_metadata(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.filesystem.cat_file(self._metadata_path()))
         except FileNotFoundError:
             return {}
 
@@ -94,8 +107,7 @@ class Checkpoint:
                 f.write(text)
             os.replace(tmp, self._metadata_path())
         else:
-            with self.filesystem.open(self._metadata_path(), "w") as f:
-                f.write(text)
+            self._remote("set_metadata", lambda: self.filesystem.pipe_file(self._metadata_path(), text.encode()))
 
     def update_metadata(self, metadata: dict[str, Any]) -> None:
         merged = self.get_metadata()

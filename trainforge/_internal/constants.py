@@ -13,6 +13,10 @@ ENV_STORAGE_PATH = "TRAINFORGE_STORAGE_PATH"  # default RunConfig.storage_path
 ENV_SHUTDOWN_GRACE_S = "TRAINFORGE_SHUTDOWN_GRACE_S"  # SIGTERM -> SIGKILL grace period
 ENV_START_TIMEOUT_S = "TRAINFORGE_WORKER_START_TIMEOUT_S"
 
+# Read by the driver and by the workers (which inherit the driver's environment).
+ENV_STORAGE_RETRIES = "TRAINFORGE_STORAGE_RETRIES"  # attempts per storage operation (1 = no retry)
+ENV_STORAGE_RETRY_DELAY_S = "TRAINFORGE_STORAGE_RETRY_DELAY_S"  # first backoff, doubled per retry
+
 # Set by the driver for every worker process (the torchrun names where one exists).
 ENV_RANK = "RANK"
 ENV_LOCAL_RANK = "LOCAL_RANK"
@@ -28,6 +32,9 @@ ENV_WORKER_PRELOAD = "TRAINFORGE_WORKER_PRELOAD"  # comma-separated modules a wo
 DEFAULT_STORAGE_DIRNAME = "trainforge_results"
 DEFAULT_SHUTDOWN_GRACE_S = 5.0
 DEFAULT_START_TIMEOUT_S = 120.0
+DEFAULT_STORAGE_RETRIES = 5
+DEFAULT_STORAGE_RETRY_DELAY_S = 0.2
+STORAGE_RETRY_MAX_DELAY_S = 5.0  # the backoff stops doubling here
 
 
 def default_storage_path() -> str:
@@ -50,3 +57,12 @@ DEFAULT_RESOURCE_WAIT_S = 60.0
 
 def resource_wait_s() -> float:
     return float(os.environ.get(ENV_RESOURCE_WAIT_S, DEFAULT_RESOURCE_WAIT_S))
+
+
+def storage_retries() -> int:
+    """Attempts per storage operation, at least 1."""
+    return max(1, int(os.environ.get(ENV_STORAGE_RETRIES, DEFAULT_STORAGE_RETRIES)))
+
+
+def storage_retry_delay_s() -> float:
+    return max(0.0, float(os.environ.get(ENV_STORAGE_RETRY_DELAY_S, DEFAULT_STORAGE_RETRY_DELAY_S)))

@@ -31,6 +31,7 @@ from trainforge._internal.backend import Backend, BackendConfig
 from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.checkpoint_manager import CheckpointManager
 from trainforge._internal.exceptions import (
+    StorageError,
     TrainingFailedError,
     WorkerFailure,
     WorkerGroupError,
@@ -150,7 +151,10 @@ class Controller:
                 yield from out
         finally:
             self._stop_group(graceful=False)
-            self.metrics.flush()
+            try:
+                self.metrics.flush()
+            except StorageError as exc:
+                logger.warning("could not write the metrics history: %s", exc)
 
     def step(self) -> None:
         """Advance one iteration; a no-op once FINISHED or ERRORED."""
@@ -163,7 +167,13 @@ class Controller:
             RunState.RESTARTING: self._restart,
             RunState.RESIZING: self._resize,
         }[self.state]
-        handler()
+        try:
+            handler()
+        except StorageError as exc:
+            # The storage failed for good (after retries): the run cannot persist anything more.
+            self.error = exc
+            self._stop_group(graceful=False)
+            self._transition(RunState.ERRORED)
 
     def _transition(self, state: RunState) -> None:
         logger.debug("controller: %s -> %s", self.state.value, state.value)

@@ -2,6 +2,8 @@
 
     TrainforgeError
     ├── TrainingFailedError        fit() gave up: one or more workers failed (max_failures exceeded)
+    ├── StorageError               a storage operation failed: a permanent error, or a transient one
+    │                              (connection, timeout, HTTP 5xx/throttling) that outlasted its retries
     └── WorkerGroupError           a worker group could not be started or driven
         └── WorkerStartError       a worker process did not come up
 
@@ -18,6 +20,21 @@ from dataclasses import dataclass
 
 class TrainforgeError(Exception):
     """Base class of every error trainforge raises on purpose."""
+
+
+class StorageError(TrainforgeError):
+    """A storage operation failed for good. The message names the operation, the storage URL, the
+    cause and what to do; ``operation``, ``url`` and ``attempts`` hold them, ``__cause__`` is the
+    original exception. Raised on the driver (ending the run) and in workers (failing that rank)."""
+
+    def __init__(self, message: str, operation: str = "", url: str = "", attempts: int = 1):
+        super().__init__(message)
+        self.operation = operation
+        self.url = url
+        self.attempts = attempts
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (str(self), self.operation, self.url, self.attempts))
 
 
 class WorkerGroupError(TrainforgeError):

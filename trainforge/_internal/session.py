@@ -1,21 +1,27 @@
 """The worker-side API: what ``trainforge.report``, ``get_context`` and friends talk to.
 
 One ``Session`` exists per worker process while its train loop runs. ``report`` never waits for
-other ranks: metrics are pickled and queued for a sender thread (a few microseconds); a checkpoint
-is first copied into the rank's staging directory, so the caller may delete its directory as soon
-as ``report`` returns. The driver commits a checkpoint once every rank has made that report.
+other ranks: metrics are pickled and queued for a sender thread (a few microseconds). A checkpoint
+is copied before ``report`` returns, so the caller may delete its directory at once: into the rank's
+staging directory in storage (``CheckpointUploadMode.SYNC``, the default), or into a local temporary
+directory that a background uploader then sends to storage (``ASYNC``; see ``uploader.py``). The
+driver commits a checkpoint once every rank has made that report.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainforge._internal.checkpoint import Checkpoint
+from trainforge._internal.config import CheckpointUploadMode
+from trainforge._internal.uploader import Uploader
 
 
 @dataclass
@@ -69,15 +75,23 @@ class Session:
         storage: Any,
         checkpoint: Checkpoint | None,
         dataset_shards: dict[str, Any],
+        upload_mode: CheckpointUploadMode | str = CheckpointUploadMode.SYNC,
     ):
         self.context = context
         self._send = send
         self._storage = storage
         self._checkpoint = checkpoint
         self._shards = dataset_shards
+        self._upload_mode = CheckpointUploadMode.parse(upload_mode, "CheckpointConfig.checkpoint_upload_mode")
+        self._uploader: Uploader | None = None  # created by the first ASYNC checkpoint
         self.report_count = 0
 
-    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+    def report(
+        self,
+        metrics: dict[str, Any],
+        checkpoint: Checkpoint | None = None,
+        checkpoint_upload_mode: CheckpointUploadMode | str | None = None,
+    ) -> None:
         if not isinstance(metrics, dict):
             raise TypeError(f"report(metrics=...) takes a dict of metrics, got {type(metrics).__name__}.")
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
@@ -91,18 +105,51 @@ class Session:
             raise TypeError(
                 f"report(metrics=...) must be picklable; {exc}. Report plain numbers, e.g. loss.item()."
             ) from exc
+        mode = self._upload_mode
+        if checkpoint_upload_mode is not None:
+            mode = CheckpointUploadMode.parse(checkpoint_upload_mode, "report(checkpoint_upload_mode=...)")
         index = self.report_count
         self.report_count += 1
-        staged = False
-        if checkpoint is not None:
-            with checkpoint.as_directory() as local_dir:
-                self._storage.stage_checkpoint(
-                    local_dir, self.context.attempt, index, self.context.world_rank
-                )
-            staged = True
+        uploader = self._uploader
+        if checkpoint is None:
+            msg = ("report", index, payload, False, time.time())
+            if uploader is None:
+                self._send(msg)
+            elif uploader.busy or uploader.error is not None:
+                uploader.submit(msg)  # behind the pending uploads, so the driver gets reports in order
+            else:
+                self._send(msg)
+            return
+        msg = ("report", index, payload, True, time.time())
+        attempt, rank = self.context.attempt, self.context.world_rank
+        if mode is CheckpointUploadMode.ASYNC:
+            local_dir = tempfile.mkdtemp(prefix=f"trainforge_upload_r{rank}_")
+            try:
+                checkpoint.to_directory(local_dir)
+            except BaseException:
+                shutil.rmtree(local_dir, ignore_errors=True)
+                raise
+            if uploader is None:
+                uploader = self._uploader = Uploader(self._send)
+
+            def upload() -> None:
+                self._storage.stage_checkpoint(local_dir, attempt, index, rank)
+
+            uploader.submit(msg, upload, local_dir)
+            return
+        if uploader is not None:
+            uploader.drain()  # earlier asynchronous uploads go first
+        with checkpoint.as_directory() as local_dir:
+            self._storage.stage_checkpoint(local_dir, attempt, index, rank)
         # A checkpoint report is handed to the socket before returning: once every rank's report()
         # returned, the driver will commit it even if a worker dies the next instant.
-        self._send(("report", index, payload, staged, time.time()), wait=staged)
+        self._send(msg, wait=True)
+
+    def close(self, wait: bool = True) -> None:
+        """End of the train loop: wait for pending asynchronous uploads (raising the error of a failed
+        one), or with ``wait=False`` (the loop failed) drop them."""
+        if self._uploader is not None:
+            self._uploader.close(wait)
 
     def get_checkpoint(self) -> Checkpoint | None:
         return self._checkpoint
@@ -140,9 +187,21 @@ def in_session() -> bool:
 
 
 # Public functions (re-exported from trainforge).
-def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
-    """Report metrics (and optionally a checkpoint) from this worker. Never blocks on other ranks."""
-    get_session().report(metrics, checkpoint)
+def report(
+    metrics: dict[str, Any],
+    checkpoint: Checkpoint | None = None,
+    checkpoint_upload_mode: CheckpointUploadMode | str | None = None,
+) -> None:
+    """Report metrics (and optionally a checkpoint) from this worker. Never blocks on other ranks.
+
+    ``checkpoint_upload_mode`` (trainforge extension): ``CheckpointUploadMode.SYNC`` returns once the
+    checkpoint files are in the run's storage; ``ASYNC`` (or "async") returns once they are copied to
+    a local temporary directory and uploads them in the background. None: the run's default,
+    ``CheckpointConfig.checkpoint_upload_mode``. Reports reach the driver in order either way, and the
+    worker waits for pending uploads before its loop counts as finished; a failed upload raises
+    ``StorageError`` at the next ``report()`` or when the loop returns.
+    """
+    get_session().report(metrics, checkpoint, checkpoint_upload_mode)
 
 
 def get_context() -> TrainContext:

@@ -1,31 +1,42 @@
 """Where a run's files live, and the checkpoint commit protocol.
 
-Layout of a run directory ``{storage_path}/{name}/``::
+Layout of a run directory ``{storage_path}/{name}/`` (a local path or any fsspec URL, e.g.
+``s3://bucket/prefix``)::
 
     run_state.json              trainer/config summary, status, error (rewritten as the run progresses)
     metrics.jsonl               every report of rank 0, one JSON object per line, in order
     checkpoint_000000/          a committed checkpoint: files of every rank that reported one, merged
         .trainforge_checkpoint.json   the commit marker, written last (index, metrics, time, ranks)
     .staging/a{attempt}_r{report}/rank_{rank}/   files a rank staged, waiting for the other ranks
-    logs/rank_{rank}.log        each worker's stdout and stderr
+    logs/rank_{rank}.log        each worker's stdout and stderr (uploaded at the end on remote storage)
 
 Commit protocol: each rank copies its checkpoint files into its own staging directory (inside
-``report()``, so the user may delete their directory as soon as ``report`` returns) and tells the
-driver. When every rank has made that report, the driver merges the rank directories into
-``checkpoint_NNNNNN`` (for a file that several ranks wrote, the lowest rank's copy wins) and then
-writes the commit marker. A directory without the marker is never treated as a checkpoint and is
-removed by the next run on that directory.
+``report()``, or from the rank's background uploader with ``CheckpointUploadMode.ASYNC``) and tells
+the driver. When every rank has made that report, the driver merges the rank directories into
+``checkpoint_NNNNNN`` (for a file that several ranks wrote, the lowest rank's copy wins), writes the
+commit marker, and only then removes the staging directory. On local disk the merge renames files;
+on other filesystems it is one listing of the staging directory and one batch of copies inside the
+filesystem (server-side ``CopyObject`` on S3: no data passes through the driver), then one batched
+delete. A directory without the marker is never treated as a checkpoint and is removed by the next
+run on that directory, so a run killed in the middle of a commit leaves nothing that is picked up.
+
+Every operation retries transient errors and raises :class:`StorageError` naming the operation, the
+URL and the cause when it fails for good (see ``retry.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from trainforge._internal.checkpoint import Checkpoint, _is_local_fs
+from trainforge._internal.exceptions import StorageError
+from trainforge._internal.retry import display_url, retry_call
 
 COMMIT_MARKER = ".trainforge_checkpoint.json"
 STAGING_DIR = ".staging"
@@ -33,6 +44,12 @@ METRICS_FILE = "metrics.jsonl"
 RUN_STATE_FILE = "run_state.json"
 LOGS_DIR = "logs"
 CHECKPOINT_PREFIX = "checkpoint_"
+
+# Filesystems whose directories are implied by object keys: nothing to create (and creating the
+# "parent" of a path would create a missing bucket instead of reporting it).
+OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl", "oss", "oci"})
+
+T = TypeVar("T")
 
 
 def _jsonable(value: Any) -> Any:
@@ -57,30 +74,42 @@ def dumps(obj: Any) -> str:
 
 
 def resolve_filesystem(storage_path: str, filesystem: Any = None) -> tuple[Any, str]:
-    """Return (fsspec filesystem or None for the local disk, path inside it)."""
+    """Return (fsspec filesystem or None for the local disk, path inside it).
+
+    A ``filesystem`` given explicitly is used as it is (``storage_path`` is a path inside it; a
+    ``protocol://`` prefix is stripped). A URL without one is opened with fsspec; a protocol whose
+    implementation is not installed raises ValueError naming the package (and trainforge extra).
+    """
     if filesystem is not None:
-        return filesystem, storage_path
+        return filesystem, filesystem._strip_protocol(storage_path)
     if "://" not in storage_path or storage_path.startswith("file://"):
         local = storage_path[len("file://"):] if storage_path.startswith("file://") else storage_path
         return None, os.path.abspath(os.path.expanduser(local))
-    try:
-        import fsspec
-    except ImportError as exc:  # pragma: no cover - fsspec is a dependency
-        raise ImportError("fsspec is required for remote storage: pip install fsspec") from exc
+    import fsspec
+
     try:
         fs, path = fsspec.core.url_to_fs(storage_path)
     except (ImportError, ValueError) as exc:
         protocol = storage_path.split("://", 1)[0]
-        extra = {"s3": "s3fs (pip install 'trainforge[s3]')", "gs": "gcsfs", "gcs": "gcsfs"}.get(protocol)
+        extra = {
+            "s3": "s3fs: pip install 'trainforge[s3]'",
+            "s3a": "s3fs: pip install 'trainforge[s3]'",
+            "gs": "gcsfs: pip install gcsfs",
+            "gcs": "gcsfs: pip install gcsfs",
+        }.get(protocol)
         hint = f"install {extra}" if extra else f"install the fsspec implementation for '{protocol}://'"
-        raise ValueError(f"RunConfig.storage_path={storage_path!r} cannot be opened: {exc}. To fix: {hint}.") from exc
+        raise ValueError(
+            f"RunConfig.storage_path={storage_path!r} cannot be opened: {exc}. To fix: {hint}, or pass "
+            "RunConfig(storage_filesystem=...) with a ready fsspec filesystem."
+        ) from exc
     if _is_local_fs(fs):
         return None, os.path.abspath(path)
     return fs, path
 
 
 class StorageContext:
-    """A run's directory and the operations the driver and the workers do on it. Picklable."""
+    """A run's directory and the operations the driver and the workers do on it. Picklable (with its
+    filesystem: s3fs and the other fsspec filesystems pickle their constructor arguments)."""
 
     def __init__(self, storage_path: str, name: str, filesystem: Any = None):
         self.storage_path = storage_path
@@ -93,71 +122,143 @@ class StorageContext:
     def is_local(self) -> bool:
         return self.fs is None
 
+    @property
+    def _has_dirs(self) -> bool:
+        protocols = getattr(self.fs, "protocol", ())
+        protocols = protocols if isinstance(protocols, (tuple, list)) else (protocols,)
+        return not OBJECT_STORE_PROTOCOLS.intersection(protocols)
+
     def _join(self, *parts: str) -> str:
         if self.fs is None:
             return os.path.join(*parts)
         return "/".join(p.rstrip("/") for p in parts)
 
+    def _parent(self, path: str) -> str:
+        return os.path.dirname(path) if self.fs is None else path.rstrip("/").rsplit("/", 1)[0]
+
     def path(self, *parts: str) -> str:
         return self._join(self.run_path, *parts)
 
+    def url(self, path: str | None = None) -> str:
+        """``path`` (the run directory by default) as a URL for messages: ``s3://bucket/...``."""
+        return display_url(self.fs, self.run_path if path is None else path)
+
+    def _do(self, operation: str, path: str, fn: Callable[..., T], *args: Any) -> T:
+        """Run one filesystem step with retries; failures raise StorageError naming ``path``."""
+        return retry_call(operation, self.url(path), functools.partial(fn, *args))
+
+    # -- filesystem primitives (no retries: called through _do) ------------------------------------
     def _makedirs(self, path: str) -> None:
         if self.fs is None:
             os.makedirs(path, exist_ok=True)
-        else:
+        elif self._has_dirs:
             self.fs.makedirs(path, exist_ok=True)
 
-    def _exists(self, path: str) -> bool:
-        return os.path.exists(path) if self.fs is None else self.fs.exists(path)
-
     def _rm(self, path: str) -> None:
-        if self.fs is None:
-            shutil.rmtree(path, ignore_errors=True)
-        elif self.fs.exists(path):
-            self.fs.rm(path, recursive=True)
-
-    def write_text(self, relpath: str, text: str) -> None:
-        """Write a small file atomically (write to a temporary name, then rename)."""
-        target = self.path(relpath)
-        if self.fs is None:
-            tmp = target + ".tmp"
-            with open(tmp, "w") as f:
-                f.write(text)
-            os.replace(tmp, target)
-        else:
-            with self.fs.open(target, "w") as f:
-                f.write(text)
-
-    def read_text(self, relpath: str) -> str | None:
-        target = self.path(relpath)
+        """Remove a file or directory tree; nothing there is fine."""
         try:
             if self.fs is None:
-                with open(target) as f:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.remove(path)
+            else:
+                self.fs.invalidate_cache(path)  # another process may have written there
+                self.fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def _listdir(self, path: str) -> list[str]:
+        try:
+            if self.fs is None:
+                return sorted(os.listdir(path))
+            self.fs.invalidate_cache(path)
+            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(path, detail=False))
+        except FileNotFoundError:
+            return []
+
+    def _find(self, root: str) -> list[str]:
+        """Relative paths (with '/') of every file under ``root``; [] when it does not exist."""
+        if self.fs is None:
+            out = []
+            for dirpath, _dirnames, filenames in os.walk(root):
+                rel = os.path.relpath(dirpath, root)
+                out += [fn if rel == "." else os.path.join(rel, fn) for fn in filenames]
+            return sorted(out)
+        prefix = root.rstrip("/") + "/"
+        self.fs.invalidate_cache(root)
+        try:
+            found = self.fs.find(root)
+        except FileNotFoundError:
+            return []
+        return sorted(p[len(prefix):] for p in found if p.startswith(prefix))
+
+    def _write(self, path: str, data: bytes) -> None:
+        """Write a small file atomically (local: temporary name + rename; object stores: one PUT)."""
+        if self.fs is None:
+            tmp = path + ".tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        else:
+            self.fs.pipe_file(path, data)
+
+    def _read(self, path: str) -> bytes | None:
+        try:
+            if self.fs is None:
+                with open(path, "rb") as f:
                     return f.read()
-            with self.fs.open(target, "r") as f:
-                return f.read()
+            return self.fs.cat_file(path)  # a plain GET: no stale directory listing involved
         except FileNotFoundError:
             return None
+
+    # -- small files ------------------------------------------------------------------------------
+    def write_bytes(self, relpath: str, data: bytes) -> None:
+        target = self.path(relpath)
+        self._do("write", target, self._write, target, data)
+
+    def read_bytes(self, relpath: str) -> bytes | None:
+        """The file's contents, or None when it does not exist."""
+        target = self.path(relpath)
+        return self._do("read", target, self._read, target)
+
+    def write_text(self, relpath: str, text: str) -> None:
+        self.write_bytes(relpath, text.encode())
+
+    def read_text(self, relpath: str) -> str | None:
+        data = self.read_bytes(relpath)
+        return None if data is None else data.decode()
+
+    def _exists(self, path: str) -> bool:
+        if self.fs is None:
+            return os.path.exists(path)
+        self.fs.invalidate_cache(path)
+        return bool(self._do("exists", path, self.fs.exists, path))
 
     def checkpoint(self, path: str) -> Checkpoint:
         return Checkpoint(path, self.fs)
 
     # -- driver side ------------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Create the run directory and prove it is writable; raise ValueError naming the path if not."""
-        try:
+        """Create the run directory, prove it is writable, and remove an interrupted run's leftovers.
+
+        A storage path that cannot be written is a configuration mistake found before any worker
+        starts: it raises ValueError naming ``storage_path``, the storage error and what to do."""
+        probe = self.path(".write_test")
+
+        def probe_write() -> None:
             self._makedirs(self.run_path)
             self._makedirs(self.path(STAGING_DIR))
-            self.write_text(".write_test", "ok")
-            if self.fs is None:
-                os.remove(self.path(".write_test"))
-            else:
-                self.fs.rm(self.path(".write_test"))
-        except (OSError, PermissionError) as exc:
+            self._write(probe, b"ok")
+            self._rm(probe)
+
+        try:
+            self._do("prepare", self.run_path, probe_write)
+        except StorageError as exc:
             raise ValueError(
-                f"RunConfig.storage_path={self.storage_path!r} cannot be written ({exc}). "
-                "Use a directory you can write to, or set storage_path to a writable location."
-            ) from exc
+                f"RunConfig.storage_path={self.storage_path!r} cannot be written. {exc} Use a location "
+                "you can write to."
+            ) from exc.__cause__
         self.remove_uncommitted()
 
     def local_log_dir(self) -> str:
@@ -172,8 +273,12 @@ class StorageContext:
         return path
 
     def upload_logs(self, local_dir: str) -> None:
-        if self.fs is not None and os.path.isdir(local_dir):
-            self.fs.put(local_dir.rstrip("/") + "/", self.path(LOGS_DIR) + "/", recursive=True)
+        """Copy the per-rank log files to ``{run}/logs/`` (remote storage only)."""
+        if self.fs is None or not os.path.isdir(local_dir):
+            return
+        dest = self.path(LOGS_DIR)
+        put = functools.partial(self.fs.put, recursive=True)
+        self._do("upload_logs", dest, put, local_dir.rstrip("/") + "/", dest + "/")
 
     def staging_path(self, attempt: int, report_index: int, rank: int | None = None) -> str:
         parts = [STAGING_DIR, f"a{attempt}_r{report_index}"]
@@ -190,13 +295,18 @@ class StorageContext:
         metrics: dict[str, Any],
         extra: dict[str, Any] | None = None,
     ) -> Checkpoint:
-        """Merge the staged files of ``ranks`` into ``checkpoint_{seq:06d}`` and write the marker last."""
-        final = self.path(f"{CHECKPOINT_PREFIX}{seq:06d}")
-        self._rm(final)  # leftovers of an interrupted commit of the same number
-        self._makedirs(final)
-        for rank in sorted(ranks):
-            src = self.staging_path(attempt, report_index, rank)
-            self._merge_into(src, final)
+        """Merge the staged files of ``ranks`` into ``checkpoint_{seq:06d}`` and write the marker last
+        (``extra``: more fields for the marker).
+
+        Each step is retried on its own and may run again without harm; the staging directory is
+        removed only after the marker is written."""
+        name = f"{CHECKPOINT_PREFIX}{seq:06d}"
+        final = self.path(name)
+        staged = self.staging_path(attempt, report_index)
+        op = "commit_checkpoint"
+        self._do(op, final, self._rm, final)  # leftovers of an interrupted commit of the same number
+        plan = self._do(op, staged, self._merge_plan, staged, ranks)
+        self._do(op, final, self._place, plan, final)
         marker = {
             "index": seq,
             "report_index": report_index,
@@ -206,50 +316,50 @@ class StorageContext:
             "time": time.time(),
             **(extra or {}),
         }
-        self.write_text(f"{CHECKPOINT_PREFIX}{seq:06d}/{COMMIT_MARKER}", dumps(marker))
-        self._rm(self.staging_path(attempt, report_index))
+        marker_path = self._join(final, COMMIT_MARKER)
+        self._do(op, marker_path, self._write, marker_path, dumps(marker).encode())
+        self._do(op, staged, self._rm, staged)
         return self.checkpoint(final)
 
-    def _merge_into(self, src: str, dest: str) -> None:
+    def _merge_plan(self, staged: str, ranks: list[int]) -> dict[str, str]:
+        """{relative path in the checkpoint: staged source file}; the lowest rank's copy wins."""
+        wanted = {f"rank_{r}": r for r in ranks}
+        by_rel: dict[str, tuple[int, str]] = {}
+        for rel in self._find(staged):
+            rank_dir, _, inner = rel.partition("/")
+            rank = wanted.get(rank_dir)
+            if rank is None or not inner:
+                continue
+            if inner not in by_rel or rank < by_rel[inner][0]:
+                by_rel[inner] = (rank, self._join(staged, rel))
+        return {rel: src for rel, (_rank, src) in sorted(by_rel.items())}
+
+    def _place(self, plan: dict[str, str], final: str) -> None:
+        """Put the planned files into ``final``: renames on local disk, one batch of copies otherwise."""
+        targets = {rel: self._join(final, *rel.split("/")) for rel in plan}
+        for parent in sorted({self._parent(t) for t in targets.values()} | {final}):
+            self._makedirs(parent)
         if self.fs is None:
-            if not os.path.isdir(src):
-                return
-            for dirpath, _dirnames, filenames in os.walk(src):
-                rel = os.path.relpath(dirpath, src)
-                target_dir = dest if rel == "." else os.path.join(dest, rel)
-                os.makedirs(target_dir, exist_ok=True)
-                for fn in filenames:
-                    target = os.path.join(target_dir, fn)
-                    if not os.path.exists(target):  # a lower rank already wrote this file
-                        os.replace(os.path.join(dirpath, fn), target)
-            return
-        if not self.fs.exists(src):
-            return
-        for file in self.fs.find(src):
-            rel = file[len(src.rstrip("/")) + 1:]
-            target = self._join(dest, rel)
-            if not self.fs.exists(target):
-                self.fs.mv(file, target)
+            for rel, src in plan.items():
+                if os.path.exists(src) or not os.path.exists(targets[rel]):  # else: moved by an earlier try
+                    os.replace(src, targets[rel])
+        elif plan:
+            self.fs.copy(list(plan.values()), [targets[rel] for rel in plan])
 
     def discard_staged(self, attempt: int, report_index: int) -> None:
-        self._rm(self.staging_path(attempt, report_index))
+        path = self.staging_path(attempt, report_index)
+        self._do("discard_staged", path, self._rm, path)
 
     def delete_checkpoint(self, checkpoint: Checkpoint) -> None:
         # Remove the marker first so a half-deleted directory is never mistaken for a checkpoint.
-        marker = checkpoint.path.rstrip("/") + "/" + COMMIT_MARKER
-        try:
-            if self.fs is None:
-                os.remove(marker)
-            else:
-                self.fs.rm(marker)
-        except FileNotFoundError:
-            pass
-        self._rm(checkpoint.path)
+        marker = self._join(checkpoint.path, COMMIT_MARKER)
+        self._do("delete_checkpoint", marker, self._rm, marker)
+        self._do("delete_checkpoint", checkpoint.path, self._rm, checkpoint.path)
 
     def list_checkpoints(self) -> list[tuple[Checkpoint, dict[str, Any]]]:
         """Committed checkpoints (those with a marker), oldest first, with their marker contents."""
         out = []
-        for name in self._listdir(self.run_path):
+        for name in self._do("list_checkpoints", self.run_path, self._listdir, self.run_path):
             if not name.startswith(CHECKPOINT_PREFIX):
                 continue
             text = self.read_text(f"{name}/{COMMIT_MARKER}")
@@ -265,28 +375,24 @@ class StorageContext:
 
     def remove_uncommitted(self) -> None:
         """Delete checkpoint directories without a marker and all staged files (an interrupted run's)."""
-        for name in self._listdir(self.run_path):
+        op = "remove_uncommitted"
+        for name in self._do(op, self.run_path, self._listdir, self.run_path):
             if name.startswith(CHECKPOINT_PREFIX) and self.read_text(f"{name}/{COMMIT_MARKER}") is None:
-                self._rm(self.path(name))
-        for name in self._listdir(self.path(STAGING_DIR)):
-            self._rm(self.path(STAGING_DIR, name))
-
-    def _listdir(self, path: str) -> list[str]:
-        try:
-            if self.fs is None:
-                return sorted(os.listdir(path))
-            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(path, detail=False))
-        except FileNotFoundError:
-            return []
+                self._do(op, self.path(name), self._rm, self.path(name))
+        staging = self.path(STAGING_DIR)
+        for name in self._do(op, staging, self._listdir, staging):
+            self._do(op, self.path(STAGING_DIR, name), self._rm, self.path(STAGING_DIR, name))
 
     # -- worker side ------------------------------------------------------------------------------
     def stage_checkpoint(self, local_dir: str, attempt: int, report_index: int, rank: int) -> None:
-        """Copy a rank's checkpoint files into its staging directory."""
+        """Copy a rank's checkpoint files into its staging directory (an upload on remote storage)."""
         dest = self.staging_path(attempt, report_index, rank)
         if self.fs is None:
-            shutil.copytree(local_dir, dest, dirs_exist_ok=True)
+            copy = functools.partial(shutil.copytree, dirs_exist_ok=True)
+            self._do("stage_checkpoint", dest, copy, local_dir, dest)
         else:
-            self.fs.put(local_dir.rstrip("/") + "/", dest + "/", recursive=True)
+            put = functools.partial(self.fs.put, recursive=True)
+            self._do("stage_checkpoint", dest, put, local_dir.rstrip("/") + "/", dest + "/")
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -67,17 +67,30 @@ class TrainPayload:
 
 
 def run_train_payload(blob: bytes, send: Callable[[tuple], None]) -> int:
-    """Run a train loop in this worker process; return how many times it reported."""
+    """Run a train loop in this worker process; return how many times it reported. Returns (or
+    raises) only once the rank's pending asynchronous checkpoint uploads are done."""
     import cloudpickle
 
     payload: TrainPayload = cloudpickle.loads(blob)
-    session = Session(payload.context, send, payload.storage, payload.checkpoint, payload.shards)
+    session = Session(
+        payload.context, send, payload.storage, payload.checkpoint, payload.shards, payload.upload_mode
+    )
     _set_session(session)
     try:
         args = (payload.config if payload.config is not None else {},) if payload.takes_config else ()
-        out = payload.train_fn(*args)
-        if inspect.isawaitable(out):
-            asyncio.run(_await(out))
+        try:
+            out = payload.train_fn(*args)
+            if inspect.isawaitable(out):
+                asyncio.run(_await(out))
+        except SystemExit as exc:
+            # sys.exit(0) in the loop is a normal end (see worker_main): its uploads must finish too.
+            session.close(wait=exc.code in (0, None))
+            raise
+        except BaseException:
+            session.close(wait=False)  # the loop failed: its pending reports no longer matter
+            raise
+        # Pending asynchronous uploads are part of the loop: a failed one fails this worker.
+        session.close(wait=True)
     finally:
         _set_session(None)
     return session.report_count

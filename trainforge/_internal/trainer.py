@@ -17,6 +17,7 @@ from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.checkpoint_manager import CheckpointManager
 from trainforge._internal.config import RunConfig, ScalingConfig
 from trainforge._internal.controller import Controller, ControllerHooks
+from trainforge._internal.exceptions import StorageError
 from trainforge._internal.failure_policy import FailurePolicy
 from trainforge._internal.metrics_log import MetricsLog
 from trainforge._internal.progress import ProgressReporter
@@ -24,8 +25,8 @@ from trainforge._internal.result import Result, TrainingReport
 from trainforge._internal.session import TrainContext
 from trainforge._internal.storage import RUN_STATE_FILE, StorageContext, dumps
 from trainforge._internal.train_fn import TrainPayload, check_train_loop
-from trainforge._internal.worker_env import assign_gpus, local_gpu_ids, local_worker_specs, spawn_env
 from trainforge._internal.worker_group.api import WorkerSpec
+from trainforge._internal.worker_group.executor import Executor, executor_kind, make_executor
 
 logger = logging.getLogger("trainforge")
 
@@ -143,7 +144,7 @@ class DataParallelTrainer:
         self.run_config = run_config if run_config is not None else RunConfig()
         if not isinstance(self.run_config, RunConfig):
             raise TypeError(f"run_config={self.run_config!r} must be a trainforge.RunConfig.")
-        check_datasets(datasets)
+        check_datasets(datasets, allow_ray=executor_kind(self.scaling_config) == "ray")
         self.datasets = datasets
         self.dataset_config = dataset_config
         self._datasets_to_split = _datasets_to_split(dataset_config)
@@ -159,12 +160,12 @@ class DataParallelTrainer:
         if worker_init_fn is not None and not callable(worker_init_fn):
             raise TypeError(f"worker_init_fn={worker_init_fn!r} must be a function taking no arguments.")
         self.worker_init_fn = worker_init_fn
-        # Fail now, not after start-up, if even the minimum number of workers cannot get its GPUs.
-        self._gpu_groups(self.scaling_config.min_workers)
+        if executor_kind(self.scaling_config) == "local":
+            from trainforge._internal.worker_env import local_gpu_groups
 
-    def _gpu_groups(self, n: int) -> list[list[str]]:
-        gpw = self.scaling_config.gpus_per_worker
-        return assign_gpus(n, gpw, local_gpu_ids() if gpw > 0 else [])
+            # Fail now, not after start-up, if even the minimum number of workers cannot get its GPUs.
+            # (On Ray, fit() checks the request against the cluster before any worker starts.)
+            local_gpu_groups(self.scaling_config, self.scaling_config.min_workers)
 
     # -- public -----------------------------------------------------------------------------------
     def fit(self) -> Result:
@@ -204,12 +205,7 @@ class DataParallelTrainer:
                 f"{cls.__name__}.restore({os.fspath(path)!r}): not a trainforge run directory "
                 f"({RUN_STATE_FILE} or {TRAINER_STATE_FILE} missing). Check the path with can_restore()."
             )
-        if storage.fs is None:
-            with open(storage.path(TRAINER_STATE_FILE), "rb") as f:
-                state = cloudpickle.load(f)
-        else:
-            with storage.fs.open(storage.path(TRAINER_STATE_FILE), "rb") as f:
-                state = cloudpickle.load(f)
+        state = cloudpickle.loads(storage.read_bytes(TRAINER_STATE_FILE))
         trainer_cls = state.pop("trainer_cls")
         state.update(overrides)
         run_config: RunConfig = state["run_config"]
@@ -271,26 +267,25 @@ class DataParallelTrainer:
         except Exception as exc:  # an unpicklable config: the run still works, restore will not
             logger.warning("the trainer cannot be saved for restore(): %s", exc)
             return
-        if storage.fs is None:
-            tmp = storage.path(TRAINER_STATE_FILE + ".tmp")
-            with open(tmp, "wb") as f:
-                f.write(blob)
-            os.replace(tmp, storage.path(TRAINER_STATE_FILE))
-        else:
-            with storage.fs.open(storage.path(TRAINER_STATE_FILE), "wb") as f:
-                f.write(blob)
+        storage.write_bytes(TRAINER_STATE_FILE, blob)
 
-    def _make_payloads(self, storage: StorageContext) -> Callable[[int, Checkpoint | None, list[WorkerSpec]], list[bytes]]:
+    def _make_payloads(
+        self, storage: StorageContext, executor: Executor
+    ) -> Callable[[int, Checkpoint | None, list[WorkerSpec]], list[bytes]]:
         import cloudpickle
 
-        from trainforge._internal.datasets import shard_datasets
+        from trainforge._internal.datasets import is_ray_dataset, shard_datasets
 
         shards_by_size: dict[int, list[dict[str, Any]]] = {}
+        # Ray Data splits are made anew for every attempt (a split serves one group of consumers).
+        per_attempt = any(is_ray_dataset(v) for v in (self.datasets or {}).values())
 
         def make(attempt: int, checkpoint: Checkpoint | None, specs: list[WorkerSpec]) -> list[bytes]:
             n = len(specs)
-            if n not in shards_by_size:  # an elastic resize re-shards the data for the new size
-                shards_by_size[n] = _split(shard_datasets, self.datasets, n, self._datasets_to_split)
+            if n not in shards_by_size or per_attempt:  # an elastic resize re-shards for the new size
+                shards_by_size[n] = _split(
+                    shard_datasets, self.datasets, n, self._datasets_to_split, executor.split_ray_dataset
+                )
             shards = shards_by_size[n]
             payloads = []
             for spec in specs:
@@ -321,10 +316,7 @@ class DataParallelTrainer:
         return make
 
     def _run(self) -> Generator[TrainingReport, None, Result]:
-        from trainforge._internal.resources import local_available
         from trainforge._internal.scaling_policy import ScalingPolicy
-        from trainforge._internal.worker_group.local import LocalWorkerGroup
-        from trainforge._internal.worker_group.local_pool import LocalProcessPool
 
         rc = self.run_config
         storage = self._make_storage()
@@ -336,20 +328,15 @@ class DataParallelTrainer:
         manager.load(storage.list_checkpoints())
         metrics_log = MetricsLog(storage)
         log_dir = storage.local_log_dir()
-        pool = LocalProcessPool(spawn_env=spawn_env(self.scaling_config), stack_dir=log_dir)
-
-        def after_start(n: int, may_restart: bool) -> None:
-            if may_restart:
-                pool.prewarm(self.scaling_config.max_workers, self._preload_modules)
-
+        executor = make_executor(self.scaling_config, self._preload_modules, log_dir, rc.log_to_driver, storage)
         hooks = ControllerHooks(
-            make_worker_group=lambda: LocalWorkerGroup(log_dir=log_dir, log_to_driver=rc.log_to_driver, pool=pool),
-            make_specs=lambda attempt, n: local_worker_specs(self.scaling_config, attempt, n, self._gpu_groups(n)),
-            make_payloads=self._make_payloads(storage),
+            make_worker_group=executor.make_group,
+            make_specs=executor.make_specs,
+            make_payloads=self._make_payloads(storage, executor),
             worker_init_fn=self.worker_init_fn,
             preload=self._preload_modules,
             callbacks=callbacks,
-            after_start=after_start,
+            after_start=executor.after_start,
         )
         controller = Controller(
             hooks,
@@ -360,7 +347,7 @@ class DataParallelTrainer:
             FailurePolicy(rc.failure_config),
             metrics_log,
             initial_checkpoint=self.resume_from_checkpoint,
-            scaling_policy=ScalingPolicy(self.scaling_config, local_available),
+            scaling_policy=ScalingPolicy(self.scaling_config, executor.available, executor.name),
             hang_timeout_s=rc.failure_config.hang_timeout_s,
         )
         self._save_state(storage, "running")
@@ -375,9 +362,12 @@ class DataParallelTrainer:
             status = "errored" if controller.error is not None else "finished"
         finally:
             terminate.restore()
-            pool.close()
-            storage.upload_logs(log_dir)
-            self._save_state(storage, status, controller.error)
+            executor.close()
+            try:
+                storage.upload_logs(log_dir)
+                self._save_state(storage, status, controller.error)
+            except StorageError as exc:  # never hide the run's own outcome behind this
+                logger.warning("could not save the run's logs/state to %s: %s", storage.run_path, exc)
         result = controller.result()
         for cb in callbacks:
             cb.on_run_end(result)
@@ -405,13 +395,21 @@ def _split(
     datasets: dict[str, Any] | None,
     n: int,
     to_split: list[str] | str,
+    ray_split: Callable[[Any, int, bool], list[Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Shard each dataset: names in ``to_split`` are split across workers, others given whole."""
+    """Shard each dataset: names in ``to_split`` are split across workers, others given whole.
+    ``ray.data.Dataset`` values go to ``ray_split(dataset, n, split)`` (the Ray executor's)."""
+    from trainforge._internal.datasets import is_ray_dataset
+
     out: list[dict[str, Any]] = [{} for _ in range(n)]
     for key, value in (datasets or {}).items():
         split = to_split == "all" or key in to_split
-        per_rank = shard_fn({"train" if split else "whole": value}, n)
+        if ray_split is not None and is_ray_dataset(value):
+            shards = ray_split(value, n, split)
+        else:
+            per_rank = shard_fn({"train" if split else "whole": value}, n)
+            shards = [next(iter(per_rank[rank].values())) for rank in range(n)]
         for rank in range(n):
-            out[rank][key] = next(iter(per_rank[rank].values()))
+            out[rank][key] = shards[rank]
     return out
 
