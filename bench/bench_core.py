@@ -25,24 +25,32 @@ import datetime
 import importlib.util
 import json
 import os
-import platform
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+from _common import (
+    BENCH_DIR,
+    TreeRssSampler,
+    git_commit,
+    machine_info,
+    noise_warning,
+    proc_start_wall,
+    render_markdown,
+    render_text,
+    run_script_variant,
+)
+from _common import fmt as _fmt
+from _common import free_port as _free_port
+from _common import median as _median
+from _common import write_json as _write_json
 from torch.nn.parallel import DistributedDataParallel
 
-BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(BENCH_DIR)
 DEFAULT_JSON = os.path.join(BENCH_DIR, "results", "core.json")
 
 WORLD_SIZE = 2
@@ -87,18 +95,6 @@ def train_step(
     loss.backward()
     opt.step()
     return loss
-
-
-def proc_start_wall() -> float:
-    """Wall-clock time at which this process started (10 ms resolution; psutil's is off by up to 1 s)."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return float("nan")
 
 
 def _timed_loop(model, opt, loss_fn, batches, steps: int, warmup: int, on_step, chunks: int = 10) -> dict:
@@ -274,86 +270,6 @@ def fw_report_cost_loop(config: dict) -> None:
 # --------------------------------------------------------------------------------------------------
 # Driver side of one variant (runs in a fresh subprocess).
 # --------------------------------------------------------------------------------------------------
-class TreeRssSampler:
-    """Samples the summed RSS of this process and all its descendants every ``interval_s``."""
-
-    def __init__(self, interval_s: float = 0.05):
-        import psutil
-
-        self._psutil = psutil
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
-        self.peak_bytes = 0
-        self.peak_nprocs = 0
-        self.samples = 0
-
-    def _run(self) -> None:
-        psutil = self._psutil
-        me = psutil.Process()
-        while True:
-            total, nprocs = 0, 0
-            try:
-                procs = [me, *me.children(recursive=True)]
-            except psutil.Error:
-                procs = [me]
-            for p in procs:
-                try:
-                    total += p.memory_info().rss
-                    nprocs += 1
-                except psutil.Error:
-                    pass
-            self.samples += 1
-            if total > self.peak_bytes:
-                self.peak_bytes, self.peak_nprocs = total, nprocs
-            if self._stop.wait(self._interval_s):
-                return
-
-    def _cpu(self) -> tuple[float, float, float]:
-        """CPU seconds used by the whole machine, by this process and its reaped descendants, by this process."""
-        m = self._psutil.cpu_times()
-        machine = sum(getattr(m, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq", "steal"))
-        t = os.times()
-        return machine, t.user + t.system + t.children_user + t.children_system, t.user + t.system
-
-    def __enter__(self) -> TreeRssSampler:
-        self._cpu0 = self._cpu()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        machine, tree, driver = self._cpu()
-        self.tree_cpu_s = tree - self._cpu0[1]
-        self.driver_cpu_s = driver - self._cpu0[2]
-        # CPU time other processes on the machine took while this run went on: noise for the benchmark.
-        self.foreign_cpu_s = max(0.0, (machine - self._cpu0[0]) - self.tree_cpu_s)
-
-    def as_dict(self) -> dict:
-        return {
-            "peak_rss_mb": self.peak_bytes / 2**20,
-            "peak_nprocs": self.peak_nprocs,
-            "samples": self.samples,
-            "tree_cpu_s": self.tree_cpu_s,
-            "driver_cpu_s": self.driver_cpu_s,
-            "foreign_cpu_s": self.foreign_cpu_s,
-        }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _write_json(path: str, data: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, default=str)
-    os.replace(tmp, path)
-
-
 def drive_raw(kind: str, args: argparse.Namespace) -> dict:
     os.environ["OMP_NUM_THREADS"] = "1"  # what trainforge gives each worker by default (1 CPU per worker)
     port = _free_port()
@@ -378,6 +294,7 @@ def drive_raw(kind: str, args: argparse.Namespace) -> dict:
 TF_DRIVER_PROBES = (
     ("trainforge._internal.worker_group.local", "LocalWorkerGroup", "start"),
     ("trainforge._internal.worker_group.local", "LocalWorkerGroup", "_wait_connected"),
+    ("trainforge._internal.worker_group.local_pool", "LocalProcessPool", "wait_connected"),
     ("trainforge._internal.torch.config", "_TorchBackend", "on_start"),
     ("trainforge._internal.worker_group.local", "LocalWorkerGroup", "start_training"),
     ("trainforge._internal.worker_group.local", "LocalWorkerGroup", "shutdown"),
@@ -485,46 +402,12 @@ def ray_available() -> bool:
     return out.returncode == 0
 
 
-def wait_for_idle(max_wait_s: float, busy_fraction: float = 0.25) -> float:
-    """Wait (at most ``max_wait_s``) until the machine's CPUs are mostly idle; return seconds waited."""
-    import psutil
-
-    t = time.time()
-    while time.time() - t < max_wait_s:
-        if psutil.cpu_percent(interval=0.5) < busy_fraction * 100:
-            break
-    return time.time() - t
-
-
 def run_variant(variant: str, args: argparse.Namespace) -> dict:
-    waited = wait_for_idle(args.idle_wait) if args.idle_wait > 0 else 0.0
-    with tempfile.TemporaryDirectory(prefix="trainforge-bench-") as workdir:
-        out = os.path.join(workdir, "variant.json")
-        cmd = [
-            sys.executable, os.path.abspath(__file__), "--variant", variant, "--out", out, "--workdir", workdir,
-            "--steps", str(args.steps), "--warmup", str(args.warmup),
-            "--report-calls", str(args.report_calls), "--report-chunk", str(args.report_chunk),
-        ]  # fmt: skip
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
-        env.pop("OMP_NUM_THREADS", None)  # the raw driver sets it for its workers; trainforge sets its own
-        t = time.time()
-        try:
-            proc = subprocess.run(
-                cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=args.timeout
-            )
-        except subprocess.TimeoutExpired as exc:
-            return {"error": f"timed out after {args.timeout}s", "output_tail": str(exc.stdout)[-4000:]}
-        wall = time.time() - t
-        if proc.returncode != 0 or not os.path.exists(out):
-            tail = (proc.stdout + proc.stderr)[-6000:]
-            print(f"  !! {variant} failed (exit {proc.returncode}):\n{tail}", file=sys.stderr)
-            return {"error": f"exit code {proc.returncode}", "output_tail": tail}
-        with open(out) as f:
-            data = json.load(f)
-        data["subprocess_wall_s"] = wall
-        data["idle_wait_s"] = waited
-        return data
+    extra = [
+        "--steps", str(args.steps), "--warmup", str(args.warmup),
+        "--report-calls", str(args.report_calls), "--report-chunk", str(args.report_chunk),
+    ]  # fmt: skip
+    return run_script_variant(__file__, variant, extra, args.idle_wait, args.timeout)
 
 
 def derive(metric: str, run: dict) -> dict:
@@ -536,7 +419,7 @@ def derive(metric: str, run: dict) -> dict:
         t0, ev = run["t0"], run.get("driver_events", {})
         phases = {
             "worker_proc_started": m["t_proc"] - t0,
-            "workers_connected": ev.get("_wait_connected:end"),
+            "workers_connected": ev.get("_wait_connected:end", ev.get("wait_connected:end")),
             "process_group_ready": ev.get("on_start:end", m["t_pg"] - t0),
             "train_fn_sent": ev.get("start_training:begin"),
             "loop_entered": m["t_entry"] - t0,
@@ -562,11 +445,6 @@ def derive(metric: str, run: dict) -> dict:
     if metric == "report_cost":
         return {"report_us": m["report_us"], "drain_s": run["t_end"] - m["loop_done_t"]}
     raise ValueError(metric)
-
-
-def _median(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None and v == v]
-    return statistics.median(values) if values else None
 
 
 def summarize(runs: dict[str, list[dict]], frameworks: list[str]) -> dict:
@@ -605,10 +483,6 @@ def summarize(runs: dict[str, list[dict]], frameworks: list[str]) -> dict:
         for fw in frameworks
     }
     return summary
-
-
-def _fmt(v: float | None, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
 
 
 def table_rows(summary: dict, frameworks: list[str], ray_note: str) -> tuple[list[str], list[list[str]]]:
@@ -666,23 +540,6 @@ def table_rows(summary: dict, frameworks: list[str], ray_note: str) -> tuple[lis
     return header, rows
 
 
-def render_text(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(r: list[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-
-    return "\n".join([line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
-
-
-def render_markdown(header: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out)
-
-
 PHASE_LABELS = {
     "worker_proc_started": "rank-0 worker process started",
     "workers_connected": "all workers connected to the driver",
@@ -705,50 +562,6 @@ def render_phases(summary: dict, frameworks: list[str]) -> str:
         for key, label in labels.items()
     ]
     return render_text(header, rows)
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
-        )
-        if out.returncode != 0:
-            return "uncommitted"
-        commit = out.stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True
-        )
-        return commit + ("-dirty" if dirty.stdout.strip() else "")
-    except OSError:
-        return "uncommitted"
-
-
-def machine_info() -> dict:
-    import psutil
-
-    info = {
-        "cpu_count": os.cpu_count(),
-        "cpu_count_physical": psutil.cpu_count(logical=False),
-        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu_model"] = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None
-            )
-    except OSError:
-        pass
-    try:
-        import trainforge
-
-        info["trainforge"] = getattr(trainforge, "__version__", "unknown")
-    except Exception as exc:
-        info["trainforge"] = f"not importable: {exc!r}"
-    return info
 
 
 NOTES = [
@@ -832,14 +645,9 @@ def main(argv: list[str] | None = None) -> int:
     if "first_step" in metrics:
         print()
         print(render_phases(summary, frameworks))
-    foreign = [
-        (v, r["foreign_cpu_s"], r["tree_cpu_s"]) for v, rs in runs.items() for r in rs if "foreign_cpu_s" in r
-    ]
-    noisy = [(v, f, t) for v, f, t in foreign if f > 0.1 * t]
-    if noisy:
-        print(f"\nWARNING: other processes took >10% as much CPU as the benchmark in {len(noisy)} of {len(foreign)} "
-              "runs (see foreign_cpu_s in the JSON); numbers may be noisy: "
-              + ", ".join(f"{v} {f:.1f}/{t:.1f} CPU-s" for v, f, t in noisy))  # fmt: skip
+    warning = noise_warning(runs)
+    if warning:
+        print("\n" + warning)
     diag = []
     cpu = summary["throughput_driver_cpu_s"]
     if "throughput" in metrics:
