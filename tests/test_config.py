@@ -260,3 +260,10 @@ def test_local_worker_specs_gpu():
     scaling = ScalingConfig(num_workers=2, use_gpu=True, resources_per_worker={"GPU": 2})
     specs = local_worker_specs(scaling, 0, 2, assign_gpus(2, 2, ["0", "1", "2", "3"]))
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["0,1", "2,3"]
+
+
+def test_node_layout_numbers_nodes_by_first_rank():
+    from trainforge._internal.worker_env import node_layout
+
+    assert node_layout(["b", "a", "b", "c", "a"]) == [(0, 0, 2), (1, 0, 2), (0, 1, 2), (2, 0, 1), (1, 1, 2)]
+    assert node_layout(["x"] * 3) == [(0, 0, 3), (0, 1, 3), (0, 2, 3)]

@@ -1,5 +1,6 @@
 """Fault injection with real processes: workers that raise, exit, get killed, segfault, ignore
-SIGTERM; drivers that get SIGTERM, Ctrl-C or SIGKILL. No process may be left behind."""
+SIGTERM; drivers that get SIGTERM, Ctrl-C or SIGKILL. No process may be left behind. Tests taking
+``executor`` run on local processes and on Ray actors (conftest.py)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ from trainforge import DataParallelTrainer, RunConfig, ScalingConfig, TrainingFa
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
-def _fit(loop, tmp_path, n=2, **kwargs):
+def _fit(loop, tmp_path, n=2, executor="local", **kwargs):
     return DataParallelTrainer(
         loop,
-        scaling_config=ScalingConfig(num_workers=n),
+        scaling_config=ScalingConfig(num_workers=n, executor=executor),
         run_config=RunConfig(storage_path=str(tmp_path), name="f", verbose=0, **kwargs),
     ).fit()
 
@@ -31,7 +32,7 @@ def _wait_forever():
         time.sleep(0.1)
 
 
-def test_exception_in_one_rank_names_rank_type_message_traceback(tmp_path):
+def test_exception_in_one_rank_names_rank_type_message_traceback(tmp_path, executor):
     def loop():
         if train.get_context().get_world_rank() == 1:
             def inner_helper():
@@ -41,7 +42,7 @@ def test_exception_in_one_rank_names_rank_type_message_traceback(tmp_path):
         _wait_forever()
 
     with pytest.raises(TrainingFailedError) as info:
-        _fit(loop, tmp_path)
+        _fit(loop, tmp_path, executor=executor)
     msg = str(info.value)
     assert "rank 1 (pid " in msg
     assert "ValueError: bad batch 17" in msg
@@ -51,12 +52,12 @@ def test_exception_in_one_rank_names_rank_type_message_traceback(tmp_path):
     assert [(f.rank, f.kind, f.exc_type) for f in attempt] == [(1, "exception", "ValueError")]
 
 
-def test_identical_errors_from_ranks_are_grouped(tmp_path):
+def test_identical_errors_from_ranks_are_grouped(tmp_path, executor):
     def loop():
         raise RuntimeError("same everywhere")
 
     with pytest.raises(TrainingFailedError) as info:
-        _fit(loop, tmp_path, n=3)
+        _fit(loop, tmp_path, n=3, executor=executor)
     msg = str(info.value)
     assert msg.count("traceback of rank") == 1  # one group, one traceback
     assert "ranks 0, 1, 2 (pids " in msg and "): RuntimeError: same everywhere" in msg
@@ -70,7 +71,7 @@ def test_identical_errors_from_ranks_are_grouped(tmp_path):
         ("segfault", "killed by SIGSEGV"),
     ],
 )
-def test_dead_worker_is_reported_with_pid_and_exit(tmp_path, how, expected):
+def test_dead_worker_is_reported_with_pid_and_exit(tmp_path, how, expected, executor):
     def loop():
         if train.get_context().get_world_rank() == 1:
             print("about to die", flush=True)
@@ -85,12 +86,15 @@ def test_dead_worker_is_reported_with_pid_and_exit(tmp_path, how, expected):
         _wait_forever()
 
     with pytest.raises(TrainingFailedError) as info:
-        _fit(loop, tmp_path)
+        _fit(loop, tmp_path, executor=executor)
     msg = str(info.value)
     [failure] = info.value.failures[0]
     assert failure.rank == 1 and failure.kind == "died"
     assert f"rank 1 (pid {failure.pid})" in msg
-    assert expected in msg
+    if executor == "local":
+        assert expected in msg
+    else:  # no exit status from Ray: its reason and the node instead
+        assert "the Ray actor died on node 127.0.0.1" in msg and "worker process has died" in msg
     if how != "segfault":
         assert "about to die" in msg  # the last output of the dead rank is shown
     else:
@@ -98,7 +102,7 @@ def test_dead_worker_is_reported_with_pid_and_exit(tmp_path, how, expected):
 
 
 @pytest.mark.slow
-def test_peer_blocked_in_collective_is_stopped_when_a_rank_dies(tmp_path):
+def test_peer_blocked_in_collective_is_stopped_when_a_rank_dies(tmp_path, executor):
     """Rank 0 waits in an allreduce that rank 1 never joins: the run must end promptly, not after the
     30-minute collective timeout."""
     from trainforge.torch import TorchTrainer
@@ -113,17 +117,18 @@ def test_peer_blocked_in_collective_is_stopped_when_a_rank_dies(tmp_path):
         _wait_forever()
 
     start = time.monotonic()
-    with pytest.raises(TrainingFailedError, match="exit code 5"):
+    died = "exit code 5" if executor == "local" else "worker process has died"
+    with pytest.raises(TrainingFailedError, match=died):
         TorchTrainer(
             loop,
-            scaling_config=ScalingConfig(num_workers=2),
+            scaling_config=ScalingConfig(num_workers=2, executor=executor),
             run_config=RunConfig(storage_path=str(tmp_path), verbose=0),
         ).fit()
     # Liveness, not performance: ending at all proves nobody waited on the collective timeout.
     assert time.monotonic() - start < 120
 
 
-def test_worker_ignoring_sigterm_and_its_children_are_killed(tmp_path):
+def test_worker_ignoring_sigterm_and_its_children_are_killed(tmp_path, executor):
     pid_file = tmp_path / "pids.txt"
 
     def loop():
@@ -139,12 +144,12 @@ def test_worker_ignoring_sigterm_and_its_children_are_killed(tmp_path):
         raise KeyError("trigger")
 
     with pytest.raises(TrainingFailedError, match="KeyError"):
-        _fit(loop, tmp_path)
+        _fit(loop, tmp_path, executor=executor)
     pids = [int(p) for p in pid_file.read_text().split()]
     assert wait_until_gone(pids, timeout=5) == []
 
 
-def test_successful_run_leaves_no_process(tmp_path):
+def test_successful_run_leaves_no_process(tmp_path, executor):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
 
@@ -152,20 +157,29 @@ def test_successful_run_leaves_no_process(tmp_path):
         (pid_dir / str(os.getpid())).write_text("")
         train.report({"ok": 1})
 
-    _fit(loop, tmp_path, n=2)
+    _fit(loop, tmp_path, n=2, executor=executor)
     pids = [int(p) for p in os.listdir(pid_dir)]
     assert len(pids) == 2
     assert [p for p in pids if pid_alive(p)] == []
 
 
-def _start_hold_driver(tmp_path, n=2):
+def _start_hold_driver(tmp_path, n=2, executor="local"):
+    """A driver process (its workers hold forever). For "ray" it joins this session's Ray instance
+    through $RAY_ADDRESS (executor "auto")."""
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    if executor == "ray":
+        import ray
+
+        env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     proc = subprocess.Popen(
         [sys.executable, os.path.join(SCRIPTS, "driver_hold.py"), str(tmp_path / "res"), str(pid_dir), str(n)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=env,
     )
     deadline = time.monotonic() + 60
     while len([f for f in os.listdir(pid_dir) if f.endswith(".pid")]) < n:
@@ -181,8 +195,8 @@ def _start_hold_driver(tmp_path, n=2):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_to_driver_stops_all_workers(tmp_path, sig):
-    proc, pids = _start_hold_driver(tmp_path)
+def test_signal_to_driver_stops_all_workers(tmp_path, sig, executor):
+    proc, pids = _start_hold_driver(tmp_path, executor=executor)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     assert "driver cleanup done" in out
@@ -190,11 +204,12 @@ def test_signal_to_driver_stops_all_workers(tmp_path, sig):
     assert wait_until_gone(pids, timeout=5) == []
 
 
-def test_killed_driver_leaves_no_worker(tmp_path):
-    proc, pids = _start_hold_driver(tmp_path)
+def test_killed_driver_leaves_no_worker(tmp_path, executor):
+    proc, pids = _start_hold_driver(tmp_path, executor=executor)
     proc.kill()
     proc.wait(timeout=30)
-    # Workers notice the driver's socket closing (and PDEATHSIG); their children die with them.
+    # Workers notice the driver's socket closing (and PDEATHSIG; Ray kills the actors of a dead
+    # driver too); their children die with them.
     worker_pids = pids[0::2]
     assert wait_until_gone(worker_pids, timeout=10) == []
     # A worker's own children are not ours to reap once the worker is gone: kill them explicitly.

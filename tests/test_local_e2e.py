@@ -1,4 +1,5 @@
-"""Real multi-process runs on local workers: the core API end to end."""
+"""Real multi-process runs: the core API end to end. Tests taking ``executor`` run twice, on local
+worker processes and on Ray actors (the shared behaviour suite, see conftest.py)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ from trainforge import (
 from trainforge.backend import Backend, BackendConfig
 
 
-def _run(loop, n=2, tmp_path=None, **kwargs) -> Result:
+def _run(loop, n=2, tmp_path=None, executor="local", **kwargs) -> Result:
     rc = kwargs.pop("run_config", None) or RunConfig(storage_path=str(tmp_path), name="run", verbose=0)
-    return DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=n), run_config=rc, **kwargs).fit()
+    scaling = ScalingConfig(num_workers=n, executor=executor)
+    return DataParallelTrainer(loop, scaling_config=scaling, run_config=rc, **kwargs).fit()
 
 
-def test_context_and_metrics(tmp_path):
+def test_context_and_metrics(tmp_path, executor):
     def loop(config):
         ctx = train.get_context()
         for i in range(config["steps"]):
@@ -48,7 +50,9 @@ def test_context_and_metrics(tmp_path):
                 }
             )
 
-    result = _run(loop, n=3, tmp_path=tmp_path, train_loop_config={"steps": 4}, metadata={"owner": "me"})
+    result = _run(
+        loop, n=3, tmp_path=tmp_path, train_loop_config={"steps": 4}, metadata={"owner": "me"}, executor=executor
+    )
     assert result.error is None
     assert result.metrics["step"] == 3 and result.metrics["rank"] == 0
     assert result.metrics["world"] == 3 and result.metrics["local_world"] == 3
@@ -60,14 +64,15 @@ def test_context_and_metrics(tmp_path):
     assert result.path == str(tmp_path / "run")
 
 
-def test_fit_iter_yields_every_rank(tmp_path):
+def test_fit_iter_yields_every_rank(tmp_path, executor):
     def loop():
         ctx = train.get_context()
         for i in range(3):
             train.report({"i": i, "rank": ctx.get_world_rank()})
 
     trainer = DataParallelTrainer(
-        loop, scaling_config=ScalingConfig(num_workers=2), run_config=RunConfig(storage_path=str(tmp_path), verbose=0)
+        loop, scaling_config=ScalingConfig(num_workers=2, executor=executor),
+        run_config=RunConfig(storage_path=str(tmp_path), verbose=0),
     )
     run = trainer.fit_iter()
     reports = list(run)
@@ -77,27 +82,27 @@ def test_fit_iter_yields_every_rank(tmp_path):
     assert run.result is not None and run.result.metrics == {"i": 2, "rank": 0}
 
 
-def test_loop_kinds_lambda_closure_async_zero_args(tmp_path):
+def test_loop_kinds_lambda_closure_async_zero_args(tmp_path, executor):
     captured = {"value": 7}
     results = []
-    results.append(_run(lambda: train.report({"v": 1}), n=1, tmp_path=tmp_path / "a"))
-    results.append(_run(lambda: train.report({"v": captured["value"]}), n=1, tmp_path=tmp_path / "b"))
+    results.append(_run(lambda: train.report({"v": 1}), n=1, tmp_path=tmp_path / "a", executor=executor))
+    results.append(_run(lambda: train.report({"v": captured["value"]}), n=1, tmp_path=tmp_path / "b", executor=executor))
 
     async def aloop(config):
         await asyncio.sleep(0)
         train.report({"v": config["x"]})
 
-    results.append(_run(aloop, n=2, tmp_path=tmp_path / "c", train_loop_config={"x": 3}))
+    results.append(_run(aloop, n=2, tmp_path=tmp_path / "c", train_loop_config={"x": 3}, executor=executor))
 
     class Callable:
         def __call__(self, config):
             train.report({"v": len(config)})
 
-    results.append(_run(Callable(), n=1, tmp_path=tmp_path / "d"))
+    results.append(_run(Callable(), n=1, tmp_path=tmp_path / "d", executor=executor))
     assert [r.metrics["v"] for r in results] == [1, 7, 3, 0]
 
 
-def test_checkpoints_merge_ranks_and_keep_top_k(tmp_path):
+def test_checkpoints_merge_ranks_and_keep_top_k(tmp_path, executor):
     def loop():
         import tempfile
 
@@ -118,7 +123,7 @@ def test_checkpoints_merge_ranks_and_keep_top_k(tmp_path):
         verbose=0,
         checkpoint_config=CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="score"),
     )
-    result = _run(loop, n=2, run_config=rc)
+    result = _run(loop, n=2, run_config=rc, executor=executor)
     # Top 2 by score (0.9 at i=1, 0.7 at i=3); i=3 is also the latest.
     assert [m["i"] for _, m in result.best_checkpoints] == [1, 3]
     assert result.checkpoint.path.endswith("checkpoint_000003")
@@ -137,7 +142,7 @@ def test_checkpoints_merge_ranks_and_keep_top_k(tmp_path):
     assert list(rebuilt.metrics_dataframe["i"]) == [0, 1, 2, 3]
 
 
-def test_checkpoint_from_rank0_only_and_metadata(tmp_path):
+def test_checkpoint_from_rank0_only_and_metadata(tmp_path, executor):
     def loop():
         import tempfile
 
@@ -150,14 +155,14 @@ def test_checkpoint_from_rank0_only_and_metadata(tmp_path):
                 ckpt.set_metadata({"epoch": 1})
             train.report({"loss": 0.5}, checkpoint=ckpt)
 
-    result = _run(loop, n=2, tmp_path=tmp_path)
+    result = _run(loop, n=2, tmp_path=tmp_path, executor=executor)
     assert result.checkpoint is not None
     assert result.checkpoint.get_metadata() == {"epoch": 1}
     target = result.checkpoint.to_directory(str(tmp_path / "copy"))
     assert open(os.path.join(target, "model.bin")).read() == "weights"
 
 
-def test_unequal_report_counts_warn_and_do_not_hang(tmp_path):
+def test_unequal_report_counts_warn_and_do_not_hang(tmp_path, executor):
     def loop():
         import tempfile
 
@@ -169,7 +174,7 @@ def test_unequal_report_counts_warn_and_do_not_hang(tmp_path):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = _run(loop, n=2, tmp_path=tmp_path)
+        result = _run(loop, n=2, tmp_path=tmp_path, executor=executor)
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert any("rank 0: 3" in m and "rank 1: 2" in m for m in messages), messages
     assert result.metrics == {"i": 2}  # rank 0's last report is still in the metrics
@@ -177,7 +182,7 @@ def test_unequal_report_counts_warn_and_do_not_hang(tmp_path):
     assert not os.listdir(os.path.join(result.path, ".staging"))
 
 
-def test_datasets_split_and_whole(tmp_path):
+def test_datasets_split_and_whole(tmp_path, executor):
     def loop():
         shard = train.get_dataset_shard("train")
         items = [int(x) for b in shard.iter_batches(batch_size=2) for x in b["item"]]
@@ -189,7 +194,7 @@ def test_datasets_split_and_whole(tmp_path):
     trainer = DataParallelTrainer(
         loop,
         datasets=datasets,
-        scaling_config=ScalingConfig(num_workers=3),
+        scaling_config=ScalingConfig(num_workers=3, executor=executor),
         run_config=RunConfig(storage_path=str(tmp_path), verbose=0),
     )
     reports = list(trainer.fit_iter())
@@ -209,7 +214,7 @@ def test_datasets_split_and_whole(tmp_path):
     ],
     ids=["list_of_dicts", "dict_of_arrays", "dataframe", "arrow"],
 )
-def test_dataset_types_through_workers(tmp_path, make):
+def test_dataset_types_through_workers(tmp_path, make, executor):
     def loop():
         shard = train.get_dataset_shard("train")
         rows = [(int(a), int(b)) for batch in shard.iter_batches(batch_size=3) for a, b in zip(batch["a"], batch["b"], strict=True)]
@@ -219,7 +224,7 @@ def test_dataset_types_through_workers(tmp_path, make):
     trainer = DataParallelTrainer(
         loop,
         datasets={"train": make()},
-        scaling_config=ScalingConfig(num_workers=2),
+        scaling_config=ScalingConfig(num_workers=2, executor=executor),
         run_config=RunConfig(storage_path=str(tmp_path), verbose=0),
     )
     reports = list(trainer.fit_iter())
@@ -228,7 +233,7 @@ def test_dataset_types_through_workers(tmp_path, make):
     assert sum(m["torch_rows"] for m in reports[0].all_metrics) == 7
 
 
-def test_torch_map_style_dataset(tmp_path):
+def test_torch_map_style_dataset(tmp_path, executor):
     import torch
     from torch.utils.data import TensorDataset
 
@@ -240,7 +245,7 @@ def test_torch_map_style_dataset(tmp_path):
         train.report({"labels": labels})
 
     trainer = DataParallelTrainer(
-        loop, datasets={"train": ds}, scaling_config=ScalingConfig(num_workers=2),
+        loop, datasets={"train": ds}, scaling_config=ScalingConfig(num_workers=2, executor=executor),
         run_config=RunConfig(storage_path=str(tmp_path), verbose=0),
     )
     reports = list(trainer.fit_iter())
@@ -275,21 +280,21 @@ class _EnvBackendConfigMethod(BackendConfig):
 
 
 @pytest.mark.parametrize("config_cls", [_EnvBackendConfig, _EnvBackendConfigMethod])
-def test_custom_backend_sets_env_on_every_worker(tmp_path, config_cls):
+def test_custom_backend_sets_env_on_every_worker(tmp_path, config_cls, executor):
     def loop():
         train.report({"env": os.environ["MY_ENV_VAR"]})
 
     trainer = DataParallelTrainer(
         loop,
         backend_config=config_cls(env_var="banana"),
-        scaling_config=ScalingConfig(num_workers=2),
+        scaling_config=ScalingConfig(num_workers=2, executor=executor),
         run_config=RunConfig(storage_path=str(tmp_path), verbose=0),
     )
     reports = list(trainer.fit_iter())
     assert [m["env"] for m in reports[0].all_metrics] == ["banana", "banana"]
 
 
-def test_worker_init_fn_runs_before_loop(tmp_path):
+def test_worker_init_fn_runs_before_loop(tmp_path, executor):
     def init():
         import random
 
@@ -302,7 +307,7 @@ def test_worker_init_fn_runs_before_loop(tmp_path):
         train.report({"seeded": os.environ.get("SEEDED"), "r": random.random()})
 
     trainer = DataParallelTrainer(
-        loop, worker_init_fn=init, scaling_config=ScalingConfig(num_workers=2),
+        loop, worker_init_fn=init, scaling_config=ScalingConfig(num_workers=2, executor=executor),
         run_config=RunConfig(storage_path=str(tmp_path), verbose=0),
     )
     reports = list(trainer.fit_iter())
@@ -314,7 +319,7 @@ def test_worker_init_fn_runs_before_loop(tmp_path):
     assert [m["r"] for m in reports[0].all_metrics] == [expected, expected]
 
 
-def test_output_streams_with_rank_prefix_and_log_files(tmp_path, capfd):
+def test_output_streams_with_rank_prefix_and_log_files(tmp_path, capfd, executor):
     def loop():
         import sys
 
@@ -322,7 +327,7 @@ def test_output_streams_with_rank_prefix_and_log_files(tmp_path, capfd):
         print(f"stdout line from {rank}")
         print(f"stderr line from {rank}", file=sys.stderr)
 
-    result = _run(loop, n=2, tmp_path=tmp_path)
+    result = _run(loop, n=2, tmp_path=tmp_path, executor=executor)
     out, err = capfd.readouterr()
     for rank in (0, 1):
         assert f"(rank={rank} pid=" in out and f") stdout line from {rank}" in out
@@ -341,7 +346,7 @@ def test_default_name_is_generated_and_printed(tmp_path, capfd, monkeypatch):
     assert name in err and result.path in err
 
 
-def test_resume_from_checkpoint(tmp_path):
+def test_resume_from_checkpoint(tmp_path, executor):
     ckpt_dir = tmp_path / "given"
     ckpt_dir.mkdir()
     (ckpt_dir / "state.txt").write_text("41")
@@ -352,7 +357,9 @@ def test_resume_from_checkpoint(tmp_path):
             value = int(open(os.path.join(d, "state.txt")).read())
         train.report({"value": value + 1})
 
-    result = _run(loop, n=2, tmp_path=tmp_path, resume_from_checkpoint=Checkpoint.from_directory(ckpt_dir))
+    result = _run(
+        loop, n=2, tmp_path=tmp_path, resume_from_checkpoint=Checkpoint.from_directory(ckpt_dir), executor=executor
+    )
     assert result.metrics == {"value": 42}
 
 
@@ -361,15 +368,15 @@ def test_report_outside_worker_raises():
         train.report({"x": 1})
 
 
-def test_unpicklable_metrics_raise_in_worker(tmp_path):
+def test_unpicklable_metrics_raise_in_worker(tmp_path, executor):
     def loop():
         train.report({"f": lambda: 1})
 
     with pytest.raises(train.TrainingFailedError, match="must be picklable"):
-        _run(loop, n=1, tmp_path=tmp_path)
+        _run(loop, n=1, tmp_path=tmp_path, executor=executor)
 
 
-def test_sys_path_of_driver_is_used_by_workers(tmp_path):
+def test_sys_path_of_driver_is_used_by_workers(tmp_path, executor):
     mod = tmp_path / "mods"
     mod.mkdir()
     (mod / "my_helper_mod.py").write_text("VALUE = 99\n")
@@ -381,7 +388,7 @@ def test_sys_path_of_driver_is_used_by_workers(tmp_path):
 
             train.report({"v": my_helper_mod.VALUE})
 
-        assert _run(loop, n=1, tmp_path=tmp_path).metrics == {"v": 99}
+        assert _run(loop, n=1, tmp_path=tmp_path, executor=executor).metrics == {"v": 99}
     finally:
         sys.path.remove(str(mod))
         sys.modules.pop("my_helper_mod", None)

@@ -1,5 +1,6 @@
 """Recovery with real processes: restarts from the latest checkpoint, the kill-after-report race,
-hang detection, restore after the driver is SIGKILLed, elastic resizing."""
+hang detection, restore after the driver is SIGKILLed, elastic resizing. Tests taking ``executor`` run
+on local processes and on Ray actors (conftest.py)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def _load(ckpt) -> int:
         return int(open(os.path.join(d, "value")).read())
 
 
-def test_restart_resumes_from_latest_checkpoint_and_continues_history(tmp_path, caplog):
+def test_restart_resumes_from_latest_checkpoint_and_continues_history(tmp_path, caplog, executor):
     def loop():
         ctx = train.get_context()
         ckpt = train.get_checkpoint()
@@ -59,7 +60,7 @@ def test_restart_resumes_from_latest_checkpoint_and_continues_history(tmp_path, 
 
     with caplog.at_level("WARNING", logger="trainforge"):
         result = DataParallelTrainer(
-            loop, scaling_config=ScalingConfig(num_workers=2), run_config=_rc(tmp_path, max_failures=1)
+            loop, scaling_config=ScalingConfig(num_workers=2, executor=executor), run_config=_rc(tmp_path, max_failures=1)
         ).fit()
     df = result.metrics_dataframe
     assert list(df["step"]) == [0, 1, 2, 3, 4]  # no step repeated: history continues at the checkpoint
@@ -70,7 +71,7 @@ def test_restart_resumes_from_latest_checkpoint_and_continues_history(tmp_path, 
 
 
 @pytest.mark.parametrize("how", ["exit", "sigkill"])
-def test_restart_after_worker_death(tmp_path, how):
+def test_restart_after_worker_death(tmp_path, how, executor):
     def loop():
         ctx = train.get_context()
         if ctx.get_attempt() == 0 and ctx.get_world_rank() == 0:
@@ -85,13 +86,13 @@ def test_restart_after_worker_death(tmp_path, how):
         train.report({"resumed": _load(train.get_checkpoint()), "attempt": ctx.get_attempt()})
 
     result = DataParallelTrainer(
-        loop, scaling_config=ScalingConfig(num_workers=2), run_config=_rc(tmp_path, max_failures=1)
+        loop, scaling_config=ScalingConfig(num_workers=2, executor=executor), run_config=_rc(tmp_path, max_failures=1)
     ).fit()
     assert result.metrics == {"resumed": 7, "attempt": 1}
 
 
 @pytest.mark.parametrize("round_", range(3))
-def test_checkpoint_reported_by_every_rank_survives_immediate_death(tmp_path, round_):
+def test_checkpoint_reported_by_every_rank_survives_immediate_death(tmp_path, round_, executor):
     """Every rank reports checkpoint 0; rank 1 dies the instant its report() returns. The restarted
     group must resume from that checkpoint (Ray Train 2.60 can restart from an older one here)."""
 
@@ -108,12 +109,12 @@ def test_checkpoint_reported_by_every_rank_survives_immediate_death(tmp_path, ro
             time.sleep(0.05)
 
     result = DataParallelTrainer(
-        loop, scaling_config=ScalingConfig(num_workers=2), run_config=_rc(tmp_path, max_failures=1)
+        loop, scaling_config=ScalingConfig(num_workers=2, executor=executor), run_config=_rc(tmp_path, max_failures=1)
     ).fit()
     assert result.metrics == {"resumed_from": 100}  # rank 0's file wins the merge of "value"
 
 
-def test_unlimited_restarts(tmp_path):
+def test_unlimited_restarts(tmp_path, executor):
     def loop():
         attempt = train.get_context().get_attempt()
         if attempt < 3:
@@ -121,18 +122,18 @@ def test_unlimited_restarts(tmp_path):
         train.report({"attempt": attempt})
 
     result = DataParallelTrainer(
-        loop, scaling_config=ScalingConfig(num_workers=1), run_config=_rc(tmp_path, max_failures=-1)
+        loop, scaling_config=ScalingConfig(num_workers=1, executor=executor), run_config=_rc(tmp_path, max_failures=-1)
     ).fit()
     assert result.metrics == {"attempt": 3}
 
 
-def test_gives_up_after_max_failures_listing_every_attempt(tmp_path):
+def test_gives_up_after_max_failures_listing_every_attempt(tmp_path, executor):
     def loop():
         raise ValueError(f"boom in attempt {train.get_context().get_attempt()}")
 
     with pytest.raises(TrainingFailedError) as info:
         DataParallelTrainer(
-            loop, scaling_config=ScalingConfig(num_workers=2), run_config=_rc(tmp_path, max_failures=2)
+            loop, scaling_config=ScalingConfig(num_workers=2, executor=executor), run_config=_rc(tmp_path, max_failures=2)
         ).fit()
     msg = str(info.value)
     assert "failed 3 times" in msg
@@ -141,7 +142,7 @@ def test_gives_up_after_max_failures_listing_every_attempt(tmp_path):
     assert len(info.value.failures) == 3
 
 
-def test_silent_worker_is_declared_hung_with_its_stack(tmp_path):
+def test_silent_worker_is_declared_hung_with_its_stack(tmp_path, executor):
     def loop():
         if train.get_context().get_world_rank() == 1:
             def stuck_waiting_for_nothing():
@@ -153,7 +154,7 @@ def test_silent_worker_is_declared_hung_with_its_stack(tmp_path):
 
     with pytest.raises(TrainingFailedError) as info:
         DataParallelTrainer(
-            loop, scaling_config=ScalingConfig(num_workers=2), run_config=_rc(tmp_path, hang_timeout_s=2)
+            loop, scaling_config=ScalingConfig(num_workers=2, executor=executor), run_config=_rc(tmp_path, hang_timeout_s=2)
         ).fit()
     msg = str(info.value)
     assert "rank 1 (pid" in msg and "worker hung: no report and no output for more than 2s" in msg
@@ -164,7 +165,7 @@ def test_silent_worker_is_declared_hung_with_its_stack(tmp_path):
 
 
 @pytest.mark.slow
-def test_hang_inside_a_collective_shows_the_blocked_frame(tmp_path):
+def test_hang_inside_a_collective_shows_the_blocked_frame(tmp_path, executor):
     """Rank 0 deadlocks on a lock; rank 1 waits in all_reduce (blocked in C++): both are hung, and
     the stacks show where, although neither thread runs Python code."""
     from trainforge.torch import TorchTrainer
@@ -190,7 +191,7 @@ def test_hang_inside_a_collective_shows_the_blocked_frame(tmp_path):
 
     with pytest.raises(TrainingFailedError) as info:
         TorchTrainer(
-            loop, scaling_config=ScalingConfig(num_workers=2), run_config=_rc(tmp_path, hang_timeout_s=3)
+            loop, scaling_config=ScalingConfig(num_workers=2, executor=executor), run_config=_rc(tmp_path, hang_timeout_s=3)
         ).fit()
     msg = str(info.value)
     assert "deadlocked_on_my_own_lock" in msg and "waiting_in_all_reduce" in msg

@@ -1,4 +1,5 @@
-"""TorchTrainer end to end on real local workers (gloo on CPU)."""
+"""TorchTrainer end to end on real workers (gloo on CPU): tests taking ``executor`` run on local
+processes and on Ray actors (conftest.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def _rc(tmp_path):
     return RunConfig(storage_path=str(tmp_path), name="torch", verbose=0)
 
 
-def test_ddp_gradients_are_averaged_and_sampler_splits(tmp_path):
+def test_ddp_gradients_are_averaged_and_sampler_splits(tmp_path, executor):
     def loop(config):
         import tempfile
 
@@ -62,7 +63,9 @@ def test_ddp_gradients_are_averaged_and_sampler_splits(tmp_path):
                 checkpoint=Checkpoint.from_directory(d) if rank == 0 else None,
             )
 
-    trainer = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=2), run_config=_rc(tmp_path))
+    trainer = TorchTrainer(
+        loop, scaling_config=ScalingConfig(num_workers=2, executor=executor), run_config=_rc(tmp_path)
+    )
     run = trainer.fit_iter()
     [report] = list(run)
     m0, m1 = report.all_metrics
@@ -78,7 +81,7 @@ def test_ddp_gradients_are_averaged_and_sampler_splits(tmp_path):
     assert set(state) == {"weight", "bias"}
 
 
-def test_torch_config_backend_and_single_worker(tmp_path):
+def test_torch_config_backend_and_single_worker(tmp_path, executor):
     def loop():
         import torch.distributed as dist
 
@@ -87,7 +90,7 @@ def test_torch_config_backend_and_single_worker(tmp_path):
     result = TorchTrainer(
         loop,
         torch_config=TorchConfig(backend="gloo", timeout_s=60),
-        scaling_config=ScalingConfig(num_workers=1),
+        scaling_config=ScalingConfig(num_workers=1, executor=executor),
         run_config=_rc(tmp_path),
     ).fit()
     assert result.metrics == {"init": True, "world": 1}

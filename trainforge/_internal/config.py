@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+EXECUTORS = ("auto", "local", "ray")
 
 
 class CheckpointUploadMode(enum.Enum):
@@ -45,15 +46,28 @@ class ScalingConfig:
         ScalingConfig(num_workers=2, resources_per_worker={"CPU": 2, "GPU": 0.5})
 
     ``use_gpu=True`` gives each worker one GPU unless ``resources_per_worker["GPU"]`` says otherwise
-    (fractions share a GPU between workers). On local workers each worker gets its own
-    ``CUDA_VISIBLE_DEVICES``. ``placement_strategy`` is used by the Ray executor; local workers all run
-    on this machine.
+    (fractions share a GPU between workers). Each worker gets its own ``CUDA_VISIBLE_DEVICES`` (on
+    Ray: the GPUs Ray assigned to it).
+
+    ``executor`` (trainforge extension) says where the workers run:
+
+    - ``"auto"`` (default): Ray actors when this process is connected to a Ray cluster already
+      (``ray.init(...)`` was called) or ``$RAY_ADDRESS`` is set; local processes otherwise.
+    - ``"local"``: processes on this machine, started by trainforge.
+    - ``"ray"``: Ray actors (``pip install 'trainforge[ray]'``); without a connection, ``fit()`` calls
+      ``ray.init()``, which joins ``$RAY_ADDRESS`` or starts a local Ray instance.
+
+    On Ray the workers are placed in one placement group, one bundle per worker of
+    ``resources_per_worker`` (1 CPU by default, plus GPUs and custom resources), with
+    ``placement_strategy`` ``"PACK"``, ``"SPREAD"``, ``"STRICT_PACK"`` or ``"STRICT_SPREAD"``.
+    Local workers all run on this machine and ignore it.
     """
 
     num_workers: int | tuple[int, int] = 1
     use_gpu: bool = False
     resources_per_worker: dict[str, float] | None = None
     placement_strategy: str = "PACK"
+    executor: str = "auto"
 
     def __post_init__(self) -> None:
         n = self.num_workers
@@ -82,6 +96,8 @@ class ScalingConfig:
             raise _bad(
                 "ScalingConfig", "placement_strategy", self.placement_strategy, f"choose one of {PLACEMENT_STRATEGIES}"
             )
+        if self.executor not in EXECUTORS:
+            raise _bad("ScalingConfig", "executor", self.executor, f"choose one of {EXECUTORS}")
         res = self.resources_per_worker
         if res is not None:
             if not isinstance(res, dict):

@@ -14,7 +14,10 @@ Accepted values in ``datasets={name: value}``:
   ``iter_batches`` and stacked with ``torch.stack`` for ``iter_torch_batches``. A torch
   ``IterableDataset`` is refused: the split needs a length.
 
-A ``ray.data.Dataset`` needs the Ray executor and is refused here with a ``ValueError``.
+A ``ray.data.Dataset`` needs the Ray executor (elsewhere it is refused with a ``ValueError``). There
+``"train"`` is split with Ray Data's ``streaming_split(world_size, equal=True)`` and other names are
+given whole (``ds.iterator()``); each rank's shard is a :class:`RayDataShard` with the same
+``iter_batches`` / ``iter_torch_batches`` / ``iter_rows`` methods (see worker_group/ray_data.py).
 
 Split rule: ``datasets["train"]`` is cut into ``world_size`` contiguous parts, rank r taking the r-th;
 every row goes to exactly one rank and the parts differ by at most one row (10 rows on 3 workers give
@@ -61,10 +64,18 @@ TorchDtypes = Union["torch.dtype", Mapping[str, "torch.dtype"], None]
 # ----------------------------------------------------------------------------------------------------
 
 
-def check_datasets(datasets: Any) -> None:
-    """Raise ``TypeError``/``ValueError`` if ``datasets`` is not ``None`` or a dict of accepted values."""
+def check_datasets(datasets: Any, allow_ray: bool = False) -> None:
+    """Raise ``TypeError``/``ValueError`` if ``datasets`` is not ``None`` or a dict of accepted values
+    (``ray.data.Dataset`` values only with ``allow_ray``: the run uses the Ray executor)."""
     for name, value in _items(datasets):
-        _kind(name, value)
+        if not (allow_ray and is_ray_dataset(value)):
+            _kind(name, value)
+
+
+def is_ray_dataset(value: Any) -> bool:
+    """True for a ``ray.data.Dataset`` (checked without importing ray)."""
+    data = sys.modules.get("ray.data")
+    return data is not None and isinstance(value, data.Dataset)
 
 
 def shard_datasets(datasets: Any, world_size: int) -> list[dict[str, DataShard]]:
@@ -123,8 +134,8 @@ def _kind(name: str, value: Any) -> str:
     module = type(value).__module__ or ""
     if module.startswith("ray.data"):
         raise ValueError(
-            f"datasets[{name!r}] is a {type(value).__name__} from ray.data, which needs the Ray executor. "
-            "Run with the Ray worker group, or convert it first (e.g. ds.to_pandas())."
+            f"datasets[{name!r}] is a {type(value).__name__} from ray.data, which needs the Ray executor: "
+            "pass ScalingConfig(executor='ray') (or call ray.init() first), or convert it (e.g. ds.to_pandas())."
         )
     if isinstance(value, list):
         if value and isinstance(value[0], dict):

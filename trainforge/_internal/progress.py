@@ -22,9 +22,10 @@ def format_metrics(metrics: dict[str, Any]) -> str:
 
 
 class ProgressReporter(Callback):
-    def __init__(self, verbose: int, name: str):
+    def __init__(self, verbose: int, name: str, executor: str = "local"):
         self.verbose = verbose
         self.name = name
+        self.kind = "Ray" if executor == "ray" else "local"
         self._last_print = 0.0
         self._pending: Any = None
         self._t0 = time.monotonic()
@@ -35,7 +36,7 @@ class ProgressReporter(Callback):
     def on_run_start(self, run_path: str, num_workers: Any) -> None:
         self._t0 = time.monotonic()
         workers = f"{num_workers[0]}-{num_workers[1]}" if isinstance(num_workers, tuple) else str(num_workers)
-        self._print(f"run {self.name!r} on {workers} local worker(s); results in {run_path}")
+        self._print(f"run {self.name!r} on {workers} {self.kind} worker(s); results in {run_path}")
 
     def on_report(self, report: Any) -> None:
         now = time.monotonic()

@@ -1,4 +1,9 @@
-"""How many workers to run: fixed, or elastic within (min, max) by the resources on offer."""
+"""How many workers to run: fixed, or elastic within (min, max) by the resources on offer.
+
+The resource view is the executor's: the local machine's CPUs and GPUs (resources.local_available),
+or a Ray cluster's free resources plus those the run's own placement group holds
+(worker_group/ray.py), so a running group counts as room for itself.
+"""
 
 from __future__ import annotations
 
@@ -18,9 +23,10 @@ class ScalingPolicy:
     """``size_now()`` is the group size to start with now (None: not even ``min`` fits yet);
     ``decide(current)`` says whether a running elastic group should grow."""
 
-    def __init__(self, scaling: ScalingConfig, available: Callable[[], dict[str, float]]):
+    def __init__(self, scaling: ScalingConfig, available: Callable[[], dict[str, float]], executor: str = "local"):
         self.scaling = scaling
         self._available = available
+        self._where = "the Ray cluster offers" if executor == "ray" else "the machine offers"
 
     def size_now(self) -> int | None:
         if not self.scaling.elastic:
@@ -37,5 +43,5 @@ class ScalingPolicy:
     def shortage(self) -> str:
         need = per_worker(self.scaling)
         return (
-            f"need at least {self.scaling.min_workers} worker(s) of {need}, the machine offers {self._available()}"
+            f"need at least {self.scaling.min_workers} worker(s) of {need}, {self._where} {self._available()}"
         )

@@ -322,7 +322,7 @@ class DataParallelTrainer:
         storage = self._make_storage()
         callbacks = list(rc.callbacks or [])
         if rc.verbose:
-            callbacks.insert(0, ProgressReporter(rc.verbose, storage.name))
+            callbacks.insert(0, ProgressReporter(rc.verbose, storage.name, executor_kind(self.scaling_config)))
         assert rc.checkpoint_config is not None and rc.failure_config is not None
         manager = CheckpointManager(rc.checkpoint_config, storage.delete_checkpoint)
         manager.load(storage.list_checkpoints())
@@ -395,17 +395,17 @@ def _split(
     datasets: dict[str, Any] | None,
     n: int,
     to_split: list[str] | str,
-    ray_split: Callable[[Any, int, bool], list[Any]] | None = None,
+    ray_split: Callable[[str, Any, int, bool], list[Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Shard each dataset: names in ``to_split`` are split across workers, others given whole.
-    ``ray.data.Dataset`` values go to ``ray_split(dataset, n, split)`` (the Ray executor's)."""
+    ``ray.data.Dataset`` values go to ``ray_split(name, dataset, n, split)`` (the executor's)."""
     from trainforge._internal.datasets import is_ray_dataset
 
     out: list[dict[str, Any]] = [{} for _ in range(n)]
     for key, value in (datasets or {}).items():
         split = to_split == "all" or key in to_split
         if ray_split is not None and is_ray_dataset(value):
-            shards = ray_split(value, n, split)
+            shards = ray_split(key, value, n, split)
         else:
             per_rank = shard_fn({"train" if split else "whole": value}, n)
             shards = [next(iter(per_rank[rank].values())) for rank in range(n)]

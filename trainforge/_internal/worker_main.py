@@ -1,12 +1,14 @@
-"""Entry point of a local worker process: ``python -m trainforge._internal.worker_main``.
+"""The worker side of the protocol: a local process (``python -m trainforge._internal.worker_main``,
+see :func:`main`) or a Ray actor (:func:`run_in_actor`) runs the same command loop.
 
-The worker connects back to the driver over a loopback socket (address and auth key in the
-environment), then serves commands:
+The worker connects back to the driver's listener (address, auth key and its key given by the
+driver), says ("hello", key, info), then serves commands:
 
     ("setup", sys_path, cwd, env)  join the run: the driver's sys.path and cwd, this rank's environment
     ("execute", call_id, blob)  run cloudpickled (fn, args, kwargs); reply ("result", call_id, ok, blob)
     ("train", blob)             run the train loop; replies ("report", ...)*, then ("done", n) or ("error", ...)
-    ("exit",)                   flush and exit 0
+    ("stacks", id)              reply ("stacks", id, text): every thread's stack, from the reader thread
+    ("exit",)                   flush and exit 0 (a Ray actor returns instead; the driver then kills it)
 
 A reader thread owns ``recv``: if the driver goes away (EOF), the worker exits at once, so a killed
 driver never leaves workers behind. A sender thread owns ``send``, so ``report`` only queues.
@@ -28,6 +30,7 @@ from typing import Any
 ENV_DRIVER_ADDR = "TRAINFORGE_DRIVER_ADDR"
 ENV_AUTHKEY = "TRAINFORGE_AUTHKEY"
 ENV_STACK_FILE = "TRAINFORGE_STACK_FILE"
+ENV_WORKER_KEY = "TRAINFORGE_WORKER_KEY"
 STACK_SIGNAL = signal.SIGUSR1
 _stack_file: Any = None
 
@@ -57,6 +60,7 @@ class _Channel:
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._urgent = threading.Event()
+        self._closing = False
         self._reader = threading.Thread(target=self._read_loop, name="trainforge-reader", daemon=True)
         self._sender = threading.Thread(target=self._send_loop, name="trainforge-sender", daemon=True)
         self._reader.start()
@@ -67,9 +71,16 @@ class _Channel:
             try:
                 data = self.conn.recv_bytes()
             except (EOFError, OSError):
+                if self._closing:
+                    return
                 # The driver is gone: nobody can use our results, and we must not linger.
                 os._exit(17)
-            self.commands.put(pickle.loads(data))
+            cmd = pickle.loads(data)
+            if cmd[0] == "stacks":
+                # Answered here, not by the main thread, which may be stuck (a hang is why we ask).
+                self.send(("stacks", cmd[1], _all_stacks()))
+            else:
+                self.commands.put(cmd)
 
     def _send_loop(self) -> None:
         while True:
@@ -116,9 +127,21 @@ class _Channel:
             sent.wait()
 
     def flush_and_close(self) -> None:
+        self._closing = True
         self._outbox.put(_STOP)
         self._urgent.set()
         self._sender.join(timeout=30)
+        self.conn.close()
+
+
+def _all_stacks() -> str:
+    """Every thread's Python stack, as faulthandler prints it (works while they are blocked in C)."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.seek(0)
+        return f.read()
 
 
 def _format_exception(exc: BaseException) -> tuple[str, str, str]:
@@ -153,32 +176,26 @@ def _run_training(channel: _Channel, blob: bytes) -> bool:
     return True
 
 
-def main() -> int:
-    _set_parent_death_signal()
-    faulthandler.enable()  # a segfault prints the Python stack to stderr (streamed to the driver)
-    stack_path = os.environ.get(ENV_STACK_FILE)
-    if stack_path:
-        # SIGUSR1 dumps every thread's stack into this file, even while the main thread is blocked
-        # in C code (a collective, a lock): the driver uses it to show where a hung worker is.
-        global _stack_file
-        _stack_file = open(stack_path, "a")  # noqa: SIM115 - lives as long as the process
-        faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
-    # Stop cleanly on SIGTERM: raise in the main thread so `finally` blocks and atexit run.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+def connect(address: str, authkey: bytes, key: str, info: dict[str, Any]) -> _Channel:
+    """Connect to the driver's listener at ``address`` ("host:port") and say hello."""
     from multiprocessing.connection import Client
 
-    host, port = os.environ[ENV_DRIVER_ADDR].rsplit(":", 1)
-    authkey = bytes.fromhex(os.environ.pop(ENV_AUTHKEY))
-    conn = Client((host, int(port)), authkey=authkey)
-    channel = _Channel(conn)
-    channel.send(("hello", os.getpid()))
+    host, port = address.rsplit(":", 1)
+    channel = _Channel(Client((host, int(port)), authkey=authkey))
+    channel.send(("hello", key, info))
+    return channel
 
-    for module in filter(None, os.environ.get("TRAINFORGE_WORKER_PRELOAD", "").split(",")):
+
+def _preload(modules: Any) -> None:
+    for module in modules:
         try:
             __import__(module)
         except ImportError:
             pass
 
+
+def serve(channel: _Channel) -> None:
+    """The command loop; returns after the "exit" command, once everything queued was sent."""
     while True:
         cmd = channel.commands.get()
         kind = cmd[0]
@@ -198,15 +215,78 @@ def main() -> int:
         elif kind == "train":
             _run_training(channel, cmd[1])
         elif kind == "exit":
-            # Run the user's atexit handlers, then skip the interpreter's module teardown, which
-            # takes up to a second with torch loaded and does nothing useful here.
-            import atexit
-
-            atexit._run_exitfuncs()
             sys.stdout.flush()
             sys.stderr.flush()
             channel.flush_and_close()
-            os._exit(0)
+            return
+
+
+def main() -> int:
+    """A local worker process: the driver's address, auth key and our key are in the environment."""
+    _set_parent_death_signal()
+    faulthandler.enable()  # a segfault prints the Python stack to stderr (streamed to the driver)
+    stack_path = os.environ.get(ENV_STACK_FILE)
+    if stack_path:
+        # SIGUSR1 dumps every thread's stack into this file, even while the main thread is blocked
+        # in C code (a collective, a lock): the driver uses it to show where a hung worker is.
+        global _stack_file
+        _stack_file = open(stack_path, "a")  # noqa: SIM115 - lives as long as the process
+        faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+    # Stop cleanly on SIGTERM: raise in the main thread so `finally` blocks and atexit run.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    authkey = bytes.fromhex(os.environ.pop(ENV_AUTHKEY))
+    channel = connect(os.environ[ENV_DRIVER_ADDR], authkey, os.environ.pop(ENV_WORKER_KEY), {"pid": os.getpid()})
+    _preload(filter(None, os.environ.get("TRAINFORGE_WORKER_PRELOAD", "").split(",")))
+    serve(channel)
+    # Run the user's atexit handlers, then skip the interpreter's module teardown, which takes up to
+    # a second with torch loaded and does nothing useful here.
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _redirect_output(address: str, authkey: bytes, key: str) -> dict[int, int]:
+    """Make fds 1 and 2 sockets to the driver (one each), which prints and logs what arrives with
+    this rank's prefix. Writes land in the kernel at once, so nothing is lost if we die. Returns the
+    saved original fds."""
+    from multiprocessing.connection import Client
+
+    host, port = address.rsplit(":", 1)
+    saved: dict[int, int] = {}
+    for fd, target, stream in ((1, "stdout", sys.stdout), (2, "stderr", sys.stderr)):
+        conn = Client((host, int(port)), authkey=authkey)
+        conn.send_bytes(pickle.dumps(("output", key, target), protocol=pickle.HIGHEST_PROTOCOL))
+        stream.flush()
+        saved[fd] = os.dup(fd)
+        os.dup2(conn.fileno(), fd)
+        conn.close()
+    return saved
+
+
+def _restore_output(saved: dict[int, int]) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, original in saved.items():
+        os.dup2(original, fd)  # the socket's last reference goes: the driver sees the end of the stream
+        os.close(original)
+
+
+def run_in_actor(address: str, authkey: bytes, key: str, env: dict[str, str], preload: tuple[str, ...],
+                 info: dict[str, Any]) -> None:  # fmt: skip
+    """A Ray actor's long-running method: the same protocol as a local worker, from inside Ray's worker
+    process (its stdout/stderr redirected to the driver); returns after the "exit" command."""
+    os.environ.update(env)
+    saved = _redirect_output(address, authkey, key)
+    try:
+        faulthandler.enable()  # a segfault's Python stack goes to fd 2, i.e. to the driver
+        channel = connect(address, authkey, key, {"pid": os.getpid(), **info})
+        _preload(preload)
+        serve(channel)
+    finally:
+        _restore_output(saved)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ class _TorchBackend(Backend):
     def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)
         hostname, node_ip, port = worker_group.execute_single(0, _rank0_address_and_port)
-        addr = "127.0.0.1" if _all_on_host(worker_group, hostname) else node_ip
+        addr = "127.0.0.1" if _all_on_host(worker_group, hostname) else _rank0_node_ip(worker_group, node_ip)
         worker_group.execute(
             _setup_process_group,
             addr,
@@ -95,6 +95,15 @@ def _all_on_host(worker_group: Any, hostname: str) -> bool:
     except Exception:  # a group that cannot say where its workers are: compare with the driver
         hosts = {socket.gethostname()}
     return hosts <= {hostname}
+
+
+def _rank0_node_ip(worker_group: Any, fallback: str) -> str:
+    """Rank 0's address as its cluster knows it (a Ray node IP), else what rank 0 found itself."""
+    try:
+        ip = worker_group.worker_metadata[0].node_ip
+    except Exception:
+        return fallback
+    return ip if ip and not ip.startswith("127.") else fallback
 
 
 # -- run on the workers (module-level so they pickle by reference) -------------------------------

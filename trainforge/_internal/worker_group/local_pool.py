@@ -13,26 +13,21 @@ interpreter with torch each) and a one-off burst of CPU; they are killed when th
 
 from __future__ import annotations
 
-import collections
 import os
-import pickle
-import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
 import weakref
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection
 from typing import Any
 
 from trainforge._internal import constants
 from trainforge._internal.exceptions import WorkerStartError
 from trainforge._internal.log_streaming import LogStreamer
-from trainforge._internal.worker_group.api import WorkerSpec
-from trainforge._internal.worker_main import ENV_AUTHKEY, ENV_DRIVER_ADDR, ENV_STACK_FILE
-
-_TAIL_LINES = 60
+from trainforge._internal.worker_group.listener import WorkerListener
+from trainforge._internal.worker_group.socket_group import WorkerHandle
+from trainforge._internal.worker_main import ENV_AUTHKEY, ENV_DRIVER_ADDR, ENV_STACK_FILE, ENV_WORKER_KEY
 
 
 def kill_process_groups(pids: list[int], sig: int) -> None:
@@ -43,50 +38,32 @@ def kill_process_groups(pids: list[int], sig: int) -> None:
             pass
 
 
-class WorkerProcess:
+class WorkerProcess(WorkerHandle):
     """One local worker process; ``spec`` is None while it waits on standby."""
 
-    def __init__(self, proc: subprocess.Popen, stack_file: str, preload: tuple[str, ...]):
+    def __init__(self, proc: subprocess.Popen, stack_file: str, preload: tuple[str, ...], key: str):
+        super().__init__()
         self.proc = proc
         self.stack_file = stack_file
         self.preload = preload
-        self.spec: WorkerSpec | None = None
-        self.conn: Connection | None = None
-        self.finished = False  # sent "done" or "error": its train loop is over
-        self.failed = False  # a failure was recorded for it
-        self.exit_sent = False
-        self.tail: collections.deque = collections.deque(maxlen=_TAIL_LINES)
-        self.streamers: list[LogStreamer] = []
-        self.log_file: Any = None
-        self.last_progress = time.monotonic()
-
-    @property
-    def rank(self) -> int:
-        return self.spec.rank if self.spec is not None else -1
+        self.key = key
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def touch(self) -> None:
-        self.last_progress = time.monotonic()
-
 
 class LocalProcessPool:
     def __init__(self, spawn_env: dict[str, str] | None = None, stack_dir: str | None = None):
-        self._authkey = secrets.token_bytes(32)
-        self._listener = Listener(("127.0.0.1", 0), authkey=self._authkey, backlog=64)
+        self._listener = WorkerListener("127.0.0.1")
         self._spawn_env = dict(spawn_env or {})
         self._stack_dir = stack_dir
         self._tmp_dir: str | None = None
-        self._by_pid: dict[int, WorkerProcess] = {}
         self._standby: list[WorkerProcess] = []
-        self._connected = threading.Condition()
         self._closed = False
         self._seq = 0
         self._all_pids: list[int] = []
         self._finalizer = weakref.finalize(self, kill_process_groups, self._all_pids, signal.SIGKILL)
-        threading.Thread(target=self._accept_loop, name="trainforge-accept", daemon=True).start()
 
     # -- spawning ---------------------------------------------------------------------------------
     def _stack_path(self) -> str:
@@ -98,11 +75,12 @@ class LocalProcessPool:
         return os.path.join(self._stack_dir, f"worker_{self._seq}.stack")
 
     def spawn(self, preload: tuple[str, ...]) -> WorkerProcess:
-        host, port = self._listener.address
+        key = self._listener.new_key()
         env = dict(os.environ)
         env.update(self._spawn_env)
-        env[ENV_DRIVER_ADDR] = f"{host}:{port}"
-        env[ENV_AUTHKEY] = self._authkey.hex()
+        env[ENV_DRIVER_ADDR] = self._listener.address
+        env[ENV_AUTHKEY] = self._listener.authkey.hex()
+        env[ENV_WORKER_KEY] = key
         env["PYTHONUNBUFFERED"] = "1"
         env[constants.ENV_WORKER_PRELOAD] = ",".join(preload)
         stack_file = self._stack_path()
@@ -115,12 +93,15 @@ class LocalProcessPool:
             stderr=subprocess.PIPE,
             start_new_session=True,  # Ctrl-C in a terminal reaches the driver only; it stops us
         )
-        w = WorkerProcess(proc, stack_file, preload)
+        w = WorkerProcess(proc, stack_file, preload, key)
         for pipe, target in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
             assert pipe is not None
             w.streamers.append(LogStreamer(pipe, target))
-        with self._connected:
-            self._by_pid[proc.pid] = w
+
+        def on_hello(conn: Connection, info: dict[str, Any], w: WorkerProcess = w) -> None:
+            w.conn = conn
+
+        self._listener.expect(key, on_hello)
         self._all_pids.append(proc.pid)
         return w
 
@@ -149,55 +130,41 @@ class LocalProcessPool:
         return len(self._standby)
 
     # -- connections ------------------------------------------------------------------------------
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                conn = self._listener.accept()
-                msg = pickle.loads(conn.recv_bytes())
-            except Exception:  # listener closed (pool closed), or a bad/aborted handshake
-                if self._closed:
-                    return
-                continue
-            with self._connected:
-                w = self._by_pid.get(msg[1]) if msg[0] == "hello" else None
-                if w is None:
-                    conn.close()
-                    continue
-                w.conn = conn
-                self._connected.notify_all()
-
     def wait_connected(self, workers: list[WorkerProcess]) -> None:
         timeout = constants.worker_start_timeout_s()
         deadline = time.monotonic() + timeout
-        with self._connected:
-            while True:
-                if all(w.conn is not None for w in workers):
-                    return
+        while True:
+            if self._listener.wait_for(
+                lambda: all(w.conn is not None for w in workers)
+                or any(w.conn is None and w.proc.poll() is not None for w in workers),
+                max(0.0, deadline - time.monotonic()),
+            ) and all(w.conn is not None for w in workers):
                 for w in workers:
-                    if w.conn is None and w.proc.poll() is not None:
-                        for s in w.streamers:
-                            s.join(2.0)
-                        raise WorkerStartError(
-                            f"worker rank {w.rank} (pid {w.pid}) exited during start-up with exit code "
-                            f"{w.proc.returncode}; last output:\n{''.join(w.tail)}"
-                        )
-                if time.monotonic() > deadline:
-                    missing = [w.rank for w in workers if w.conn is None]
+                    self._listener.forget(w.key)
+                return
+            for w in workers:
+                if w.conn is None and w.proc.poll() is not None:
+                    w.join_output(2.0)
                     raise WorkerStartError(
-                        f"workers {missing} did not connect within {timeout:.0f}s; raise "
-                        f"${constants.ENV_START_TIMEOUT_S} if the machine is slow."
+                        f"worker rank {w.rank} (pid {w.pid}) exited during start-up with exit code "
+                        f"{w.proc.returncode}; last output:\n{''.join(w.tail)}"
                     )
-                self._connected.wait(0.05)
+            if time.monotonic() > deadline:
+                missing = [w.rank for w in workers if w.conn is None]
+                raise WorkerStartError(
+                    f"workers {missing} did not connect within {timeout:.0f}s; raise "
+                    f"${constants.ENV_START_TIMEOUT_S} if the machine is slow."
+                )
 
     # -- cleanup ----------------------------------------------------------------------------------
     def _discard(self, w: WorkerProcess) -> None:
         kill_process_groups([w.pid], signal.SIGKILL)
+        self._listener.forget(w.key)
         try:
             w.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:  # pragma: no cover
             pass
-        for s in w.streamers:
-            s.join(1.0)
+        w.join_output(1.0)
         if w.conn is not None:
             w.conn.close()
 

@@ -1,0 +1,323 @@
+"""The half of a worker group that talks to workers: the same for local processes and Ray actors.
+
+Every worker runs ``worker_main``'s command loop behind one socket to the driver (see listener.py).
+:class:`SocketWorkerGroup` sends commands (setup, execute, train, stacks, exit), reads the replies
+and reports, and records deaths; its subclasses only say how workers are started
+(:meth:`_launch`), found dead (:meth:`_exited`, :meth:`_death`), asked for their stacks
+(:meth:`dump_stacks`) and stopped (:meth:`_stop`, :meth:`_release`).
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import os
+import pickle
+import sys
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from trainforge._internal import constants
+from trainforge._internal.exceptions import WorkerFailure, WorkerGroupError, format_failures
+from trainforge._internal.log_streaming import LogStreamer
+from trainforge._internal.worker_group.api import (
+    DoneEvent,
+    Event,
+    FailureEvent,
+    ReportEvent,
+    WorkerGroup,
+    WorkerMetadata,
+    WorkerSpec,
+)
+
+TAIL_LINES = 60
+
+
+class WorkerHandle:
+    """The driver's record of one worker: its connection, output streams and state."""
+
+    def __init__(self) -> None:
+        self.spec: WorkerSpec | None = None
+        self.conn: Connection | None = None
+        self.finished = False  # sent "done" or "error": its train loop is over
+        self.failed = False  # a failure was recorded for it
+        self.exit_sent = False
+        self.tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+        self.streamers: list[LogStreamer] = []
+        self.log_file: Any = None
+        self.last_progress = time.monotonic()
+        self.stacks: dict[int, str] = {}  # replies to "stacks" commands, by request id
+
+    @property
+    def rank(self) -> int:
+        return self.spec.rank if self.spec is not None else -1
+
+    @property
+    def pid(self) -> int:
+        raise NotImplementedError
+
+    def touch(self) -> None:
+        self.last_progress = time.monotonic()
+
+    def join_output(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for s in self.streamers:
+            s.join(max(0.0, deadline - time.monotonic()))
+
+
+class SocketWorkerGroup(WorkerGroup):
+    def __init__(self, log_dir: str | None = None, log_to_driver: bool = True):
+        self._log_dir = log_dir
+        self._log_to_driver = log_to_driver
+        self._workers: list[Any] = []
+        self._events: list[Event] = []
+        self._results: dict[tuple[int, int], tuple[bool, Any]] = {}
+        self._call_id = 0
+        self._log_lock = threading.Lock()
+        self._shutdown_done = False
+
+    # -- what subclasses implement ----------------------------------------------------------------
+    @abc.abstractmethod
+    def _launch(self, specs: list[WorkerSpec], preload: tuple[str, ...]) -> None:
+        """Start (or take) one worker per spec into ``self._workers`` (in rank order, each with its
+        ``spec``, as soon as it exists, so that shutdown() stops it whatever happens next), then wait
+        until every one is connected. Raise ``WorkerStartError`` if one does not come up."""
+
+    @abc.abstractmethod
+    def _exited(self, workers: list[Any]) -> set[int]:
+        """Ranks of those ``workers`` whose process (actor) has ended."""
+
+    @abc.abstractmethod
+    def _await_exit(self, w: Any, timeout: float) -> None:
+        """Wait up to ``timeout`` for the worker's process (actor) to end."""
+
+    @abc.abstractmethod
+    def _death(self, w: Any) -> WorkerFailure:
+        """The failure record of a worker that died (its connection closed or its process ended)."""
+
+    @abc.abstractmethod
+    def _stop(self, running: list[Any], grace: float) -> None:
+        """Stop every worker for good: ``running`` are those still running after the exit command."""
+
+    def _release(self) -> None:
+        """Free what the group holds once its workers are stopped (a pool, a placement group)."""
+
+    def _metadata(self, w: Any) -> WorkerMetadata:
+        raise NotImplementedError
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self, specs: list[WorkerSpec], preload: tuple[str, ...] = ()) -> None:
+        self._launch(specs, preload)
+        for w in self._workers:
+            assert w.spec is not None
+            self._open_log(w)
+            self._send(w, ("setup", list(sys.path), os.getcwd(), dict(w.spec.env)))
+
+    def _open_log(self, w: WorkerHandle) -> None:
+        assert w.spec is not None
+        if self._log_dir is not None:
+            w.log_file = open(os.path.join(self._log_dir, f"rank_{w.spec.rank}.log"), "ab")  # noqa: SIM115
+        else:
+            w.log_file = open(os.devnull, "wb")  # noqa: SIM115
+        for s in w.streamers:
+            s.assign(w.spec.rank, w.pid, w.log_file, self._log_lock, w.tail, self._log_to_driver, w.touch)
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
+
+    @property
+    def worker_metadata(self) -> list[WorkerMetadata]:
+        return [self._metadata(w) for w in self._workers]
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self._workers]
+
+    # -- messaging --------------------------------------------------------------------------------
+    def _send(self, w: WorkerHandle, msg: tuple) -> None:
+        assert w.conn is not None
+        try:
+            w.conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+        except (OSError, EOFError):
+            pass  # noticed as a death by _receive
+
+    def _receive(self, timeout: float) -> None:
+        """Read whatever arrives within ``timeout``; record events, results and deaths."""
+        conns = [w.conn for w in self._workers if w.conn is not None and not w.conn.closed]
+        by_conn = {id(w.conn): w for w in self._workers}
+        ready = wait(conns, timeout) if conns else []
+        if not conns and timeout:
+            time.sleep(min(timeout, 0.05))
+        for conn in ready:
+            w = by_conn[id(conn)]
+            while True:
+                try:
+                    data = conn.recv_bytes()  # type: ignore[union-attr]
+                except (EOFError, OSError):
+                    conn.close()  # type: ignore[union-attr]
+                    break
+                self._dispatch(w, pickle.loads(data))
+                if not conn.poll():  # type: ignore[union-attr]
+                    break
+        self._check_deaths()
+
+    def _dispatch(self, w: WorkerHandle, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "batch":
+            for m in msg[1]:
+                self._dispatch(w, m)
+        elif kind == "report":
+            w.last_progress = time.monotonic()
+            _, index, payload, staged, t = msg
+            self._events.append(ReportEvent(w.rank, index, pickle.loads(payload), staged, t))
+        elif kind == "result":
+            _, call_id, ok, blob = msg
+            self._results[(call_id, w.rank)] = (ok, blob)
+        elif kind == "done":
+            w.finished = True
+            self._events.append(DoneEvent(w.rank, msg[1]))
+        elif kind == "stacks":
+            w.stacks[msg[1]] = msg[2]
+        elif kind == "error":
+            _, exc_type, message, tb = msg
+            w.finished = True
+            w.failed = True
+            self._events.append(
+                FailureEvent(
+                    WorkerFailure(
+                        rank=w.rank,
+                        pid=w.pid,
+                        kind="exception",
+                        exc_type=exc_type,
+                        message=message,
+                        traceback=tb,
+                        time=time.time(),
+                    )
+                )
+            )
+
+    def _check_deaths(self) -> None:
+        candidates = [w for w in self._workers if not (w.failed or w.exit_sent)]
+        if not candidates:
+            return
+        exited = self._exited(candidates)
+        for w in candidates:
+            conn_closed = w.conn is not None and w.conn.closed
+            if w.rank not in exited and not conn_closed:
+                continue
+            if w.rank not in exited:
+                self._await_exit(w, 2.0)
+            w.join_output(1.0)
+            w.failed = True
+            self._events.append(FailureEvent(self._death(w)))
+
+    # -- execute ----------------------------------------------------------------------------------
+    def execute_async(self, ranks: list[int], fn: Callable[..., Any], args: tuple, kwargs: dict) -> int:
+        import cloudpickle
+
+        self._call_id += 1
+        blob = cloudpickle.dumps((fn, args, kwargs))
+        for r in ranks:
+            self._send(self._workers[r], ("execute", self._call_id, blob))
+        return self._call_id
+
+    def _gather(self, call_id: int, ranks: list[int]) -> list[Any]:
+        import cloudpickle
+
+        while True:
+            failures = [e.failure for e in self._events if isinstance(e, FailureEvent) and e.failure.rank in ranks]
+            if failures:
+                raise WorkerGroupError(format_failures(failures))
+            if all((call_id, r) in self._results for r in ranks):
+                break
+            self._receive(0.1)
+        out, errors = [], []
+        for r in ranks:
+            ok, blob = self._results.pop((call_id, r))
+            if ok:
+                out.append(cloudpickle.loads(blob))
+            else:
+                exc_type, message, tb = blob
+                errors.append(
+                    WorkerFailure(rank=r, pid=self._workers[r].pid, kind="exception", exc_type=exc_type,
+                                  message=message, traceback=tb, time=time.time())
+                )
+        if errors:
+            err = WorkerGroupError(format_failures(errors))
+            err.failures = errors  # type: ignore[attr-defined]
+            raise err
+        return out
+
+    def execute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        ranks = list(range(len(self._workers)))
+        return self._gather(self.execute_async(ranks, fn, args, kwargs), ranks)
+
+    def execute_single(self, rank: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self._gather(self.execute_async([rank], fn, args, kwargs), [rank])[0]
+
+    # -- training ---------------------------------------------------------------------------------
+    def start_training(self, payloads: list[bytes]) -> None:
+        now = time.monotonic()
+        for w, blob in zip(self._workers, payloads, strict=True):
+            w.last_progress = now
+            self._send(w, ("train", blob))
+
+    def last_progress(self) -> dict[int, float]:
+        return {w.rank: w.last_progress for w in self._workers if not w.finished and not w.failed}
+
+    def poll(self, timeout: float) -> list[Event]:
+        if not self._events:
+            self._receive(timeout)
+        events, self._events = self._events, []
+        return events
+
+    def _request_stacks(self, rank: int, timeout: float) -> str:
+        """Ask the worker's reader thread for every thread's stack (``faulthandler.dump_traceback``)."""
+        w = self._workers[rank]
+        if w.conn is None or w.conn.closed:
+            return ""
+        self._call_id += 1
+        request = self._call_id
+        self._send(w, ("stacks", request))
+        deadline = time.monotonic() + timeout
+        while request not in w.stacks and time.monotonic() < deadline and not w.conn.closed:
+            self._receive(min(0.05, max(0.0, deadline - time.monotonic())))
+        return w.stacks.pop(request, "")
+
+    # -- shutdown ---------------------------------------------------------------------------------
+    def shutdown(self, graceful: bool = True) -> None:
+        """Exit command (when graceful) and a bounded wait, then :meth:`_stop` escalates."""
+        if self._shutdown_done:
+            return
+        self._shutdown_done = True
+        grace = constants.shutdown_grace_s() if graceful else min(1.0, constants.shutdown_grace_s())
+        exited = self._exited(self._workers) if self._workers else set()
+        running = [w for w in self._workers if w.rank not in exited]
+        if graceful:
+            for w in running:
+                if w.conn is not None and not w.conn.closed:
+                    w.exit_sent = True
+                    self._send(w, ("exit",))
+            self._wait_exit(running, grace)
+            exited = self._exited(running) if running else set()
+            running = [w for w in running if w.rank not in exited]
+        for w in self._workers:
+            w.exit_sent = True
+        self._stop(running, grace)
+        for w in self._workers:
+            w.join_output(2.0)
+            if w.conn is not None:
+                w.conn.close()
+            if w.log_file is not None:
+                with self._log_lock:
+                    w.log_file.close()
+        self._release()
+
+    def _wait_exit(self, workers: list[Any], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for w in workers:
+            self._await_exit(w, max(0.0, deadline - time.monotonic()))
