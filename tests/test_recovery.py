@@ -338,3 +338,27 @@ def test_no_standby_workers_without_restarts(tmp_path):
 
     result = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2), run_config=_rc(tmp_path)).fit()
     assert result.metrics == {"processes": 2}  # just the two workers: max_failures=0 keeps no spares
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_metrics_only_report_of_a_dying_rank_still_commits_the_checkpoint(tmp_path, round_):
+    """Rank 0 reports a checkpoint, rank 1 the same report without one, and dies the instant its
+    report() returns: that report counts, so the checkpoint is committed and resumed from."""
+
+    def loop():
+        ctx = train.get_context()
+        if ctx.get_attempt() == 1:
+            ckpt = train.get_checkpoint()
+            train.report({"resumed_from": _load(ckpt) if ckpt else None})
+            return
+        rank = ctx.get_world_rank()
+        train.report({"step": 0}, checkpoint=_save(5) if rank == 0 else None)
+        if rank == 1:
+            os._exit(1)
+        while True:
+            time.sleep(0.05)
+
+    result = DataParallelTrainer(
+        loop, scaling_config=ScalingConfig(num_workers=2), run_config=_rc(tmp_path, max_failures=1)
+    ).fit()
+    assert result.metrics == {"resumed_from": 5}

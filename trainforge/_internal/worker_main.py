@@ -34,8 +34,6 @@ ENV_WORKER_KEY = "TRAINFORGE_WORKER_KEY"
 STACK_SIGNAL = signal.SIGUSR1
 _stack_file: Any = None
 
-_STOP = object()
-BATCH_LINGER_S = 0.05
 
 
 def _set_parent_death_signal() -> None:
@@ -53,18 +51,21 @@ def _set_parent_death_signal() -> None:
 
 
 class _Channel:
-    """Reader and sender threads around one multiprocessing connection."""
+    """A reader thread and a locked, synchronous send around one multiprocessing connection.
+
+    ``send`` writes from the calling thread: when it returns, the message is in the socket, so it
+    reaches the driver even if this process is killed the next instant (a checkpoint every rank
+    reported is never lost). It costs one small write; the driver batches instead, reading at most
+    every ``READ_INTERVAL_S`` while training runs.
+    """
 
     def __init__(self, conn: Any):
         self.conn = conn
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._urgent = threading.Event()
+        self._send_lock = threading.Lock()
         self._closing = False
         self._reader = threading.Thread(target=self._read_loop, name="trainforge-reader", daemon=True)
-        self._sender = threading.Thread(target=self._send_loop, name="trainforge-sender", daemon=True)
         self._reader.start()
-        self._sender.start()
 
     def _read_loop(self) -> None:
         while True:
@@ -82,55 +83,20 @@ class _Channel:
             else:
                 self.commands.put(cmd)
 
-    def _send_loop(self) -> None:
-        while True:
-            first = self._outbox.get()
-            if first is _STOP:
-                return
-            batch = [first]
-            if first[1] is None and first[0][0] == "report":
-                # Metrics-only reports wait up to BATCH_LINGER_S for company: one socket write and one
-                # driver wake-up per batch instead of per report. Anything urgent cuts this short.
-                self._urgent.wait(BATCH_LINGER_S)
-            self._urgent.clear()
-            stop = False
-            while True:
-                try:
-                    item = self._outbox.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    stop = True
-                    break
-                batch.append(item)
-            msgs = [msg for msg, _ in batch]
-            try:
-                payload = msgs[0] if len(msgs) == 1 else ("batch", msgs)
-                self.conn.send_bytes(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
-            except (EOFError, OSError):
-                os._exit(17)
-            for _, sent in batch:
-                if sent is not None:
-                    sent.set()
-            if stop:
-                return
-
     def send(self, msg: tuple, wait: bool = False) -> None:
-        """Queue ``msg``. Metrics-only reports may be held back up to BATCH_LINGER_S and sent in a
-        batch; everything else goes out at once. With ``wait``, return only once the message is in
-        the socket (so it reaches the driver even if this process is killed right after)."""
-        sent = threading.Event() if wait else None
-        self._outbox.put((msg, sent))
-        if wait or msg[0] != "report":
-            self._urgent.set()
-        if sent is not None:
-            sent.wait()
+        """Send ``msg`` now (``wait`` is accepted for callers that need the guarantee; every send
+        gives it)."""
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            try:
+                self.conn.send_bytes(data)
+            except (EOFError, OSError):
+                if self._closing:
+                    return
+                os._exit(17)
 
     def flush_and_close(self) -> None:
         self._closing = True
-        self._outbox.put(_STOP)
-        self._urgent.set()
-        self._sender.join(timeout=30)
         self.conn.close()
 
 

@@ -34,6 +34,7 @@ from trainforge._internal.worker_group.api import (
 )
 
 TAIL_LINES = 60
+READ_INTERVAL_S = 0.02  # while training, the driver reads worker messages at most this often
 
 
 class WorkerHandle:
@@ -70,6 +71,7 @@ class WorkerHandle:
 
 class SocketWorkerGroup(WorkerGroup):
     def __init__(self, log_dir: str | None = None, log_to_driver: bool = True):
+        self._last_read = 0.0
         self._log_dir = log_dir
         self._log_to_driver = log_to_driver
         self._workers: list[Any] = []
@@ -270,8 +272,14 @@ class SocketWorkerGroup(WorkerGroup):
         return {w.rank: w.last_progress for w in self._workers if not w.finished and not w.failed}
 
     def poll(self, timeout: float) -> list[Event]:
+        # Workers send every report at once (so none is lost if they die); the driver batches by
+        # reading at most every READ_INTERVAL_S, so frequent reports do not wake it per message.
+        wait_more = self._last_read + READ_INTERVAL_S - time.monotonic()
+        if wait_more > 0 and not self._events:
+            time.sleep(min(wait_more, timeout))
         if not self._events:
             self._receive(timeout)
+            self._last_read = time.monotonic()
         events, self._events = self._events, []
         return events
 
