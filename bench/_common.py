@@ -154,6 +154,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def finish(json_out: str, data: dict, failed: dict) -> int:
+    """Write the results JSON, say where, and return the exit code (1 if any run failed)."""
+    write_json(json_out, data)
+    print(f"\nwrote {os.path.relpath(json_out)}", file=sys.stderr)
+    if failed:
+        print(f"{sum(len(r) for r in failed.values())} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def write_json(path: str, data: dict) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

@@ -37,6 +37,7 @@ import torch.nn as nn
 from _common import (
     BENCH_DIR,
     TreeRssSampler,
+    finish,
     git_commit,
     machine_info,
     noise_warning,
@@ -676,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = {v: [r for r in rs if "error" in r] for v, rs in runs.items()}
     failed = {v: rs for v, rs in failed.items() if rs}
     os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
-    _write_json(
+    return finish(
         args.json_out,
         {
             "benchmark": "core",
@@ -707,12 +708,8 @@ def main(argv: list[str] | None = None) -> int:
             "runs": {v: [{**r, "derived": derive(v.split(":")[1], r)} for r in rs] for v, rs in runs.items()},
             "notes": NOTES,
         },
+        failed,
     )
-    print(f"\nwrote {os.path.relpath(args.json_out)}", file=sys.stderr)
-    if failed:
-        print(f"{sum(len(r) for r in failed.values())} run(s) failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
 
 
 if __name__ == "__main__":

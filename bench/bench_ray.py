@@ -50,6 +50,7 @@ import torch.nn as nn
 from _common import (
     BENCH_DIR,
     TreeRssSampler,
+    finish,
     fmt,
     free_port,
     git_commit,
@@ -477,10 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\nnotes:\n" + "\n".join(f"- {n}" for n in NOTES))
     if args.markdown:
         print("\n" + render_markdown(header, rows))
-    failed = {v: len([r for r in rs if "error" in r]) for v, rs in runs.items()}
-    failed = {v: n for v, n in failed.items() if n}
+    failed = {v: [r for r in rs if "error" in r] for v, rs in runs.items()}
+    failed = {v: rs for v, rs in failed.items() if rs}
     os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
-    write_json(
+    return finish(
         args.json_out,
         {
             "benchmark": "ray",
@@ -494,12 +495,8 @@ def main(argv: list[str] | None = None) -> int:
                      for v, rs in runs.items()},  # fmt: skip
             "notes": NOTES,
         },
+        failed,
     )
-    print(f"\nwrote {os.path.relpath(args.json_out)}", file=sys.stderr)
-    if failed:
-        print(f"run(s) failed: {failed}", file=sys.stderr)
-        return 1
-    return 0
 
 
 if __name__ == "__main__":

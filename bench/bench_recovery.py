@@ -44,6 +44,7 @@ from _common import (
     BENCH_DIR,
     TreeRssSampler,
     filesystem_of,
+    finish,
     fmt,
     git_commit,
     is_noisy,
@@ -849,7 +850,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = {v: rs for v, rs in failed.items() if rs}
     os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
     derivers = {"recovery": derive_recovery, "persist": derive_persist, "stall": derive_stall}
-    write_json(
+    return finish(
         args.json_out,
         {
             "benchmark": "recovery",
@@ -870,12 +871,8 @@ def main(argv: list[str] | None = None) -> int:
             "discarded_noisy_runs": discarded,
             "notes": NOTES,
         },
+        failed,
     )
-    print(f"\nwrote {os.path.relpath(args.json_out)}", file=sys.stderr)
-    if failed:
-        print(f"{sum(len(r) for r in failed.values())} run(s) failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
 
 
 if __name__ == "__main__":
