@@ -1,18 +1,33 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install the pinned dev requirements into it. Idempotent and quick
-# when nothing changed. torch==2.13.0 (CPU) is installed first so pip never pulls a CUDA build.
+# Create .venv (if missing) and install what a profile needs into it. Idempotent and quick when
+# nothing changed. torch==2.13.0 (CPU) is always installed first so pip never pulls a CUDA build.
+#   bash scripts/setup.sh quickstart  torch, the package and scikit-learn (requirements-quickstart.txt):
+#                                     what scripts/digits.sh and the examples need
+#   bash scripts/setup.sh [dev]       the pinned dev set (requirements-dev.txt): + Ray, moto, s3fs,
+#                                     pytest, ruff, mypy; what scripts/test.sh (and CI) need
+# Each profile has a stamp in .venv (.trainforge-quickstart, .trainforge-installed for dev) holding a
+# hash of its requirements and pyproject.toml. dev includes quickstart: after test.sh, digits.sh
+# installs nothing; after digits.sh, test.sh installs only the rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+profile="${1:-dev}"
+case "$profile" in
+  quickstart) requirements=requirements-quickstart.txt stamp=.venv/.trainforge-quickstart ;;
+  dev) requirements=requirements-dev.txt stamp=.venv/.trainforge-installed ;;
+  *) echo "setup: unknown profile '$profile'; use 'quickstart' or 'dev'" >&2; exit 2 ;;
+esac
+digest() { cat "$1" pyproject.toml | sha256sum | cut -d' ' -f1; }
+installed() { [ -f "$2" ] && [ "$(cat "$2")" = "$(digest "$1")" ]; }  # installed REQUIREMENTS STAMP
 PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($PYTHON --version)"
   "$PYTHON" -m venv .venv
 fi
-stamp=.venv/.trainforge-installed
-want="$(cat requirements-dev.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "setup: installing torch==2.13.0 (CPU) and trainforge[dev] into .venv"
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
-  echo "$want" > "$stamp"
+if installed "$requirements" "$stamp" || { [ "$profile" = quickstart ] &&
+    installed requirements-dev.txt .venv/.trainforge-installed; }; then
+  exit 0
 fi
+echo "setup: installing torch==2.13.0 (CPU), then $requirements ($profile) into .venv"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$requirements"
+digest "$requirements" > "$stamp"
