@@ -66,8 +66,9 @@ def test_restart_resumes_from_latest_checkpoint_and_continues_history(tmp_path, 
     assert list(df["step"]) == [0, 1, 2, 3, 4]  # no step repeated: history continues at the checkpoint
     assert list(df["attempt"]) == [0, 0, 0, 1, 1]
     assert _load(result.checkpoint) == 4
-    restarts = [r.getMessage() for r in caplog.records if "restarting the worker group" in r.getMessage()]
-    assert len(restarts) == 1 and "attempt 1" in restarts[0] and "injected failure at step 2" in restarts[0]
+    restarts = [r.getMessage() for r in caplog.records if "restarting as attempt" in r.getMessage()]
+    assert len(restarts) == 1 and restarts[0].startswith("attempt 0 failed: rank 1 (pid ")
+    assert "injected failure at step 2; restarting as attempt 1 from checkpoint_000002" in restarts[0]
 
 
 @pytest.mark.parametrize("how", ["exit", "sigkill"])
@@ -138,7 +139,7 @@ def test_gives_up_after_max_failures_listing_every_attempt(tmp_path, executor):
     msg = str(info.value)
     assert "failed 3 times" in msg
     for attempt in range(3):
-        assert f"[attempt {attempt + 1}] ranks 0, 1" in msg and f"boom in attempt {attempt}" in msg
+        assert f"[attempt {attempt}] ranks 0, 1" in msg and f"boom in attempt {attempt}" in msg
     assert len(info.value.failures) == 3
 
 
@@ -162,6 +163,11 @@ def test_silent_worker_is_declared_hung_with_its_stack(tmp_path, executor):
     assert "stuck_waiting_for_nothing" in msg
     [failure] = info.value.failures[0]
     assert failure.kind == "hung" and failure.rank == 1
+    # a local worker's stacks stay in logs/rank_1.stack (named by rank); the empty ones are removed
+    stacks = sorted(f for f in os.listdir(tmp_path / "rec" / "logs") if f.endswith(".stack"))
+    assert stacks == (["rank_1.stack"] if executor == "local" else [])
+    if executor == "local":
+        assert "stuck_waiting_for_nothing" in (tmp_path / "rec" / "logs" / "rank_1.stack").read_text()
 
 
 @pytest.mark.slow
@@ -360,5 +366,33 @@ def test_metrics_only_report_of_a_dying_rank_still_commits_the_checkpoint(tmp_pa
 
     result = DataParallelTrainer(
         loop, scaling_config=ScalingConfig(num_workers=2), run_config=_rc(tmp_path, max_failures=1)
+    ).fit()
+    assert result.metrics == {"resumed_from": 5}
+
+
+@pytest.mark.parametrize("round_", range(2))
+def test_dying_ranks_last_report_commits_although_every_rank_failed_at_once(tmp_path, round_, executor):
+    """As above, but rank 0 fails the moment rank 1 is gone (as a peer in a collective does): every
+    rank has then failed, so the driver stops listening early, yet not before rank 1's last report,
+    which it reads before recording the death."""
+    gone = tmp_path / "rank1_gone"
+
+    def loop():
+        ctx = train.get_context()
+        if ctx.get_attempt() == 1:
+            ckpt = train.get_checkpoint()
+            train.report({"resumed_from": _load(ckpt) if ckpt else None})
+            return
+        rank = ctx.get_world_rank()
+        train.report({"step": 0}, checkpoint=_save(5) if rank == 0 else None)
+        if rank == 1:
+            gone.write_text("")
+            os._exit(1)
+        while not gone.exists():
+            time.sleep(0.01)
+        raise RuntimeError("lost rank 1")
+
+    result = DataParallelTrainer(
+        loop, scaling_config=ScalingConfig(num_workers=2, executor=executor), run_config=_rc(tmp_path, max_failures=1)
     ).fit()
     assert result.metrics == {"resumed_from": 5}

@@ -11,7 +11,10 @@ driver), says ("hello", key, info), then serves commands:
     ("exit",)                   flush and exit 0 (a Ray actor returns instead; the driver then kills it)
 
 A reader thread owns ``recv``: if the driver goes away (EOF), the worker exits at once, so a killed
-driver never leaves workers behind. A sender thread owns ``send``, so ``report`` only queues.
+driver never leaves workers behind. ``send`` writes from the calling thread. A local worker's
+reports go into a shared-memory ring instead of the socket (no system call; see report_ring.py);
+socket messages sent after ring records say so (``("after", ring_position, msg)``), so the driver
+reads the ring up to there first and sees everything in the order it was sent.
 Only the standard library and cloudpickle are imported before the user's code needs more.
 """
 
@@ -31,6 +34,7 @@ ENV_DRIVER_ADDR = "TRAINFORGE_DRIVER_ADDR"
 ENV_AUTHKEY = "TRAINFORGE_AUTHKEY"
 ENV_STACK_FILE = "TRAINFORGE_STACK_FILE"
 ENV_WORKER_KEY = "TRAINFORGE_WORKER_KEY"
+ENV_REPORT_RING_FD = "TRAINFORGE_REPORT_RING_FD"  # a local worker's report ring (report_ring.py)
 STACK_SIGNAL = signal.SIGUSR1
 _stack_file: Any = None
 
@@ -51,18 +55,25 @@ def _set_parent_death_signal() -> None:
 
 
 class _Channel:
-    """A reader thread and a locked, synchronous send around one multiprocessing connection.
+    """A reader thread and a locked, synchronous send around one multiprocessing connection (and,
+    for a local worker, its report ring).
 
-    ``send`` writes from the calling thread: when it returns, the message is in the socket, so it
-    reaches the driver even if this process is killed the next instant (a checkpoint every rank
-    reported is never lost). It costs one small write; the driver batches instead, reading at most
-    every ``READ_INTERVAL_S`` while training runs.
+    ``send`` writes from the calling thread: when it returns, the message is in the socket or the
+    ring, so it reaches the driver even if this process is killed the next instant (a checkpoint
+    every rank reported is never lost). A report costs a copy into shared memory (local workers) or
+    one small write (Ray actors); the driver reads in batches.
     """
 
-    def __init__(self, conn: Any):
+    def __init__(self, conn: Any, ring_fd: int | None = None):
         self.conn = conn
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self._send_lock = threading.Lock()
+        self.ring: Any = None
+        if ring_fd is not None:
+            from trainforge._internal.worker_group.report_ring import RingWriter
+
+            self.ring = RingWriter(ring_fd, nudge=lambda: self._send_bytes(pickle.dumps(("drain",))))
+            os.close(ring_fd)
         self._closing = False
         self._reader = threading.Thread(target=self._read_loop, name="trainforge-reader", daemon=True)
         self._reader.start()
@@ -78,15 +89,32 @@ class _Channel:
                 os._exit(17)
             cmd = pickle.loads(data)
             if cmd[0] == "stacks":
-                # Answered here, not by the main thread, which may be stuck (a hang is why we ask).
-                self.send(("stacks", cmd[1], _all_stacks()))
+                # Answered here, not by the main thread, which may be stuck (a hang is why we ask);
+                # unordered, so it never waits for the ring's lock.
+                self._send_bytes(pickle.dumps(("stacks", cmd[1], _all_stacks()), protocol=pickle.HIGHEST_PROTOCOL))
             else:
                 self.commands.put(cmd)
 
     def send(self, msg: tuple, wait: bool = False) -> None:
-        """Send ``msg`` now (``wait`` is accepted for callers that need the guarantee; every send
-        gives it)."""
-        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        """Send ``msg`` now: when this returns, it reaches the driver even if this process dies the
+        next instant (``wait`` is accepted for callers that need the guarantee; every send gives it).
+        Reports go into the ring when there is one (a record too big for it takes the socket)."""
+        ring = self.ring
+        if ring is None:
+            self._send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+            return
+        if msg[0] == "report":
+            data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+            if ring.fits(len(data)):
+                ring.put(data)
+                return
+        # Through the socket, in its place: the driver reads the ring up to ``position`` before it,
+        # and no record written after it (tagged with the new count) before it.
+        with ring.lock:
+            ring.tag += 1
+            self._send_bytes(pickle.dumps(("after", ring.position, msg), protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _send_bytes(self, data: bytes) -> None:
         with self._send_lock:
             try:
                 self.conn.send_bytes(data)
@@ -142,13 +170,17 @@ def _run_training(channel: _Channel, blob: bytes) -> bool:
     return True
 
 
-def connect(address: str, authkey: bytes, key: str, info: dict[str, Any]) -> _Channel:
+def connect(address: str, authkey: bytes, key: str, info: dict[str, Any], ring_fd: int | None = None) -> _Channel:
     """Connect to the driver's listener at ``address`` ("host:port") and say hello."""
     from multiprocessing.connection import Client
 
+    from trainforge._internal.worker_group.listener import no_delay
+
     host, port = address.rsplit(":", 1)
-    channel = _Channel(Client((host, int(port)), authkey=authkey))
-    channel.send(("hello", key, info))
+    conn = Client((host, int(port)), authkey=authkey)
+    no_delay(conn)
+    channel = _Channel(conn, ring_fd)
+    channel._send_bytes(pickle.dumps(("hello", key, info), protocol=pickle.HIGHEST_PROTOCOL))
     return channel
 
 
@@ -201,7 +233,9 @@ def main() -> int:
     # Stop cleanly on SIGTERM: raise in the main thread so `finally` blocks and atexit run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     authkey = bytes.fromhex(os.environ.pop(ENV_AUTHKEY))
-    channel = connect(os.environ[ENV_DRIVER_ADDR], authkey, os.environ.pop(ENV_WORKER_KEY), {"pid": os.getpid()})
+    ring_fd = os.environ.pop(ENV_REPORT_RING_FD, None)
+    channel = connect(os.environ[ENV_DRIVER_ADDR], authkey, os.environ.pop(ENV_WORKER_KEY), {"pid": os.getpid()},
+                      int(ring_fd) if ring_fd else None)  # fmt: skip
     _preload(filter(None, os.environ.get("TRAINFORGE_WORKER_PRELOAD", "").split(",")))
     serve(channel)
     # Run the user's atexit handlers, then skip the interpreter's module teardown, which takes up to

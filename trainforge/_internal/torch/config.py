@@ -32,9 +32,10 @@ class TorchConfig(BackendConfig):
         TorchTrainer(train_loop, torch_config=TorchConfig(backend="gloo", timeout_s=600), ...)
 
     ``backend``: ``"nccl"`` or ``"gloo"``; ``None`` picks ``"nccl"`` on workers that have a GPU and
-    ``"gloo"`` otherwise. ``init_method``: how workers find each other: ``"env"`` (``MASTER_ADDR`` /
-    ``MASTER_PORT`` are set on every worker) or ``"tcp"``; both rendezvous over TCP at rank 0.
-    ``timeout_s``: seconds a collective may wait before it fails.
+    ``"gloo"`` otherwise. ``init_method``: ``"env"`` or ``"tcp"`` (Ray Train's names); either way the
+    workers rendezvous at a TCP store that rank 0 opens before the others join, and ``MASTER_ADDR`` /
+    ``MASTER_PORT`` (its address) are set on every worker. ``timeout_s``: seconds a collective may
+    wait before it fails.
     """
 
     backend: str | None = None
@@ -72,7 +73,8 @@ class _TorchBackend(Backend):
 
     def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)
-        hostname, node_ip, port = worker_group.execute_single(0, _rank0_address_and_port)
+        timeout_s = backend_config.timeout_s
+        hostname, node_ip, port = worker_group.execute_single(0, _rank0_address_and_port, timeout_s)
         addr = "127.0.0.1" if _all_on_host(worker_group, hostname) else _rank0_node_ip(worker_group, node_ip)
         worker_group.execute(
             _setup_process_group,
@@ -127,8 +129,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank0_address_and_port() -> tuple[str, str, int]:
-    return socket.gethostname(), _node_ip(), _free_port()
+# Rank 0's rendezvous store (a TCPStore server), from _rank0_address_and_port until _shutdown.
+_store: Any = None
+
+
+def _rank0_address_and_port(timeout_s: float = 1800) -> tuple[str, str, int]:
+    """Open rank 0's rendezvous store now, on a port the OS picks, and say where it is. The other
+    ranks then find it listening (one that connects before the server is up backs off for up to a
+    second) on a port nothing can take in between (as one found free, closed and reopened can be)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    global _store
+    _store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
+    return socket.gethostname(), _node_ip(), int(_store.port)
+
+
+def _rendezvous_store(master_addr: str, master_port: int, rank: int, timeout_s: float) -> Any:
+    """Rank 0: the store _rank0_address_and_port opened (or a new one on ``master_port``); other
+    ranks: a client of it."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    global _store
+    timeout = timedelta(seconds=timeout_s)
+    if rank != 0:
+        return dist.TCPStore(master_addr, master_port, None, False, timeout)
+    if _store is None or int(_store.port) != master_port:
+        _store = dist.TCPStore("127.0.0.1", master_port, None, True, timeout, wait_for_workers=False)
+    return _store
 
 
 def _resolve_torch_backend(backend: str | None) -> str:
@@ -154,7 +185,8 @@ def _setup_process_group(
 ) -> None:
     """Join the process group of ``world_size`` workers whose rendezvous is ``master_addr:master_port``.
 
-    The rank is this worker's ``RANK`` (set by trainforge for every worker).
+    The rank is this worker's ``RANK`` (set by trainforge for every worker). With either ``init_method``
+    the ranks meet at rank 0's TCP store (see :func:`_rendezvous_store`).
     """
     from datetime import timedelta
 
@@ -172,7 +204,7 @@ def _setup_process_group(
         dist.destroy_process_group()
     dist.init_process_group(
         backend,
-        init_method="env://" if init_method == "env" else f"tcp://{master_addr}:{master_port}",
+        store=_rendezvous_store(master_addr, master_port, rank, timeout_s),
         rank=rank,
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
@@ -180,6 +212,7 @@ def _setup_process_group(
 
 
 def _shutdown() -> None:
+    global _store
     try:
         import torch.distributed as dist
 
@@ -187,3 +220,4 @@ def _shutdown() -> None:
             dist.destroy_process_group()
     except Exception:  # tearing down: a broken group must not hide the real result
         pass
+    _store = None

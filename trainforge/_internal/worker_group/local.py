@@ -3,8 +3,10 @@
 Processes come from a :class:`LocalProcessPool` (fresh, or pre-started standby ones), each in its
 own session so a terminal's Ctrl-C reaches only the driver, which then stops them. Shutdown
 escalates: ("exit" command when graceful) -> SIGTERM to the worker's process group -> bounded wait
--> SIGKILL, so no worker or worker child is ever left behind. The messaging is shared with the Ray
-executor (:class:`SocketWorkerGroup`); what is local is how processes start, die and are stopped.
+-> SIGKILL, so no worker or worker child is ever left behind; a worker whose train loop already
+failed (or that ended) is SIGKILLed at once. Reaping the killed processes overlaps with the start of
+the next group (the pool's reaper). The messaging is shared with the Ray executor
+(:class:`SocketWorkerGroup`); what is local is how processes start, die and are stopped.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class LocalWorkerGroup(SocketWorkerGroup):
         for w, spec in zip(self._workers, specs, strict=True):
             w.spec = spec
         self._pool.wait_connected(self._workers)
+        for w in self._workers:
+            w.name_stack_file(w.rank)  # logs/rank_N.stack, beside rank_N.log
 
     def _metadata(self, w: _Worker) -> WorkerMetadata:
         assert w.spec is not None
@@ -112,15 +116,33 @@ class LocalWorkerGroup(SocketWorkerGroup):
 
     # -- stopping ---------------------------------------------------------------------------------
     def _stop(self, running: list[_Worker], grace: float) -> None:
+        # Workers that ended or whose train loop failed: SIGKILL now (their process groups too), no
+        # grace to wait out.
+        running_pids = {w.pid for w in running}
+        kill_process_groups([w.pid for w in self._workers if w.pid not in running_pids], signal.SIGKILL)
         if running:
             kill_process_groups([w.pid for w in running], signal.SIGTERM)
             self._wait_exit(running, grace)
         # Whatever is left, including children the workers started in their process groups.
         kill_process_groups([w.pid for w in self._workers], signal.SIGKILL)
+
+    def _reap(self) -> None:
+        """Every worker is killed by now. With the run's pool, waiting for them to end and closing
+        their files is left to the pool's reaper (joined when the pool closes), so that the next
+        group starts meanwhile; a group with a private pool does it here."""
+        if self._own_pool:
+            self._await_and_close()
+        else:
+            self._pool.reap(self._await_and_close)
+
+    def _await_and_close(self) -> None:
         for w in self._workers:
             self._await_exit(w, 10)
+        super()._reap()
 
     def _release(self) -> None:
+        for w in self._workers:
+            w.remove_stack_file_if_empty()
         if self._own_pool:
             self._pool.close()
 

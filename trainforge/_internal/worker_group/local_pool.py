@@ -7,27 +7,41 @@ the pool and gives each its rank and environment in the "setup" message.
 
 Standby workers: once a run that may restart (``max_failures != 0`` or elastic) is training, the pool
 starts spare processes that import torch and ``torch._dynamo`` (what the first DistributedDataParallel
-needs) ahead of time, so a restart or a resize skips the ~2.5 s of imports. They cost memory (one
-interpreter with torch each) and a one-off burst of CPU; they are killed when the run ends.
+needs) and trainforge ahead of time, so a restart or a resize skips the ~2.5 s of imports. They cost
+memory (one interpreter with torch each) and a one-off burst of CPU; they are killed when the run ends.
+
+Reaper: a group that stopped (killed) its workers hands the wait for their ends and the closing of
+their files to :meth:`LocalProcessPool.reap`, so the next group starts meanwhile; :meth:`close` waits
+for it, so nothing outlives the run.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from trainforge._internal import constants
 from trainforge._internal.exceptions import WorkerStartError
 from trainforge._internal.log_streaming import LogStreamer
+from trainforge._internal.worker_group import report_ring
 from trainforge._internal.worker_group.listener import WorkerListener
 from trainforge._internal.worker_group.socket_group import WorkerHandle
-from trainforge._internal.worker_main import ENV_AUTHKEY, ENV_DRIVER_ADDR, ENV_STACK_FILE, ENV_WORKER_KEY
+from trainforge._internal.worker_main import (
+    ENV_AUTHKEY,
+    ENV_DRIVER_ADDR,
+    ENV_REPORT_RING_FD,
+    ENV_STACK_FILE,
+    ENV_WORKER_KEY,
+)
 
 
 def kill_process_groups(pids: list[int], sig: int) -> None:
@@ -39,7 +53,12 @@ def kill_process_groups(pids: list[int], sig: int) -> None:
 
 
 class WorkerProcess(WorkerHandle):
-    """One local worker process; ``spec`` is None while it waits on standby."""
+    """One local worker process; ``spec`` is None while it waits on standby.
+
+    ``stack_file``: where SIGUSR1 makes the worker write every thread's stack. The worker opens it
+    at start-up, before it has a rank, as ``.worker_{n}.stack``; :meth:`name_stack_file` renames it
+    ``rank_{rank}.stack`` once it has one, and :meth:`remove_stack_file_if_empty` removes it at the
+    end unless a stack was dumped into it."""
 
     def __init__(self, proc: subprocess.Popen, stack_file: str, preload: tuple[str, ...], key: str):
         super().__init__()
@@ -47,10 +66,38 @@ class WorkerProcess(WorkerHandle):
         self.stack_file = stack_file
         self.preload = preload
         self.key = key
+        self._stack_ino: int | None = None  # the inode we named rank_{rank}.stack
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def name_stack_file(self, rank: int) -> None:
+        """Rename the stack file after ``rank`` (call once the worker is connected, so the file
+        exists). The worker's open file follows the rename. Dumps that an earlier attempt's worker
+        of the same rank left there are copied to the head of the new file first."""
+        target = os.path.join(os.path.dirname(self.stack_file), f"rank_{rank}.stack")
+        if self.stack_file == target:
+            return
+        try:
+            if os.path.exists(target) and os.path.getsize(target) > 0:
+                with open(target, "rb") as earlier, open(self.stack_file, "ab") as ours:
+                    shutil.copyfileobj(earlier, ours)
+            os.replace(self.stack_file, target)
+            self._stack_ino = os.stat(target).st_ino
+        except OSError:
+            return  # keep the start-up name: dump_stacks still reads it
+        self.stack_file = target
+
+    def remove_stack_file_if_empty(self) -> None:
+        """Remove the stack file unless a stack was dumped into it (or it is no longer ours: a later
+        worker of the same rank took the name)."""
+        try:
+            st = os.stat(self.stack_file)
+            if st.st_size == 0 and self._stack_ino in (None, st.st_ino):
+                os.remove(self.stack_file)
+        except OSError:
+            pass
 
 
 class LocalProcessPool:
@@ -63,6 +110,7 @@ class LocalProcessPool:
         self._closed = False
         self._seq = 0
         self._all_pids: list[int] = []
+        self._reapers: list[threading.Thread] = []
         self._finalizer = weakref.finalize(self, kill_process_groups, self._all_pids, signal.SIGKILL)
 
     # -- spawning ---------------------------------------------------------------------------------
@@ -72,7 +120,7 @@ class LocalProcessPool:
 
             self._tmp_dir = self._stack_dir = tempfile.mkdtemp(prefix="trainforge_stacks_")
         self._seq += 1
-        return os.path.join(self._stack_dir, f"worker_{self._seq}.stack")
+        return os.path.join(self._stack_dir, f".worker_{self._seq}.stack")  # renamed by rank at setup
 
     def spawn(self, preload: tuple[str, ...]) -> WorkerProcess:
         key = self._listener.new_key()
@@ -85,15 +133,27 @@ class LocalProcessPool:
         env[constants.ENV_WORKER_PRELOAD] = ",".join(preload)
         stack_file = self._stack_path()
         env[ENV_STACK_FILE] = stack_file
-        proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "trainforge._internal.worker_main"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # Ctrl-C in a terminal reaches the driver only; it stops us
-        )
-        w = WorkerProcess(proc, stack_file, preload, key)
+        # The worker's reports come through a shared-memory ring (see report_ring.py), passed as an
+        # inherited anonymous memory file: nothing to clean up in the file system, whatever happens.
+        ring_fd = report_ring.create_ring_fd() if report_ring.available() else None
+        if ring_fd is not None:
+            env[ENV_REPORT_RING_FD] = str(ring_fd)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-u", "-m", "trainforge._internal.worker_main"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # Ctrl-C in a terminal reaches the driver only; it stops us
+                pass_fds=(ring_fd,) if ring_fd is not None else (),
+            )
+            w = WorkerProcess(proc, stack_file, preload, key)
+            if ring_fd is not None:
+                w.ring = report_ring.RingReader(ring_fd)
+        finally:
+            if ring_fd is not None:
+                os.close(ring_fd)  # the child has its copy; our mapping stays
         for pipe, target in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
             assert pipe is not None
             w.streamers.append(LogStreamer(pipe, target))
@@ -120,7 +180,8 @@ class LocalProcessPool:
     def prewarm(self, n: int, preload: tuple[str, ...]) -> None:
         """Start standby processes until ``n`` wait. Call from a long-lived thread: Linux ties a
         child's parent-death signal to the thread that spawned it."""
-        warm = tuple(dict.fromkeys(preload + (("torch._dynamo",) if "torch" in preload else ())))
+        extra = ("torch._dynamo", "trainforge.torch") if "torch" in preload else ("trainforge",)
+        warm = tuple(dict.fromkeys(preload + extra))
         self._standby = [w for w in self._standby if w.proc.poll() is None]
         while len(self._standby) < n and not self._closed:
             self._standby.append(self.spawn(warm))
@@ -167,16 +228,29 @@ class LocalProcessPool:
         w.join_output(1.0)
         if w.conn is not None:
             w.conn.close()
+        if w.ring is not None:
+            w.ring.close()
+        w.remove_stack_file_if_empty()
+
+    def reap(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` (a stopped group's wait for its killed workers, bounded) in a thread that
+        :meth:`close` joins."""
+        self._reapers = [t for t in self._reapers if t.is_alive()]
+        t = threading.Thread(target=fn, name="trainforge-reaper", daemon=True)
+        t.start()
+        self._reapers.append(t)
 
     def close(self) -> None:
-        """Kill the standby processes and stop listening. Workers handed to groups are theirs."""
+        """Kill the standby processes, wait for the reaper, stop listening. Workers handed to groups
+        are theirs."""
         self._closed = True
+        for t in self._reapers:
+            t.join()
+        self._reapers = []
         for w in self._standby:
             self._discard(w)
         self._standby = []
         self._listener.close()
         self._finalizer.detach()
         if self._tmp_dir is not None:
-            import shutil
-
             shutil.rmtree(self._tmp_dir, ignore_errors=True)

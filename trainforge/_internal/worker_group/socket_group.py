@@ -4,7 +4,7 @@ Every worker runs ``worker_main``'s command loop behind one socket to the driver
 :class:`SocketWorkerGroup` sends commands (setup, execute, train, stacks, exit), reads the replies
 and reports, and records deaths; its subclasses only say how workers are started
 (:meth:`_launch`), found dead (:meth:`_exited`, :meth:`_death`), asked for their stacks
-(:meth:`dump_stacks`) and stopped (:meth:`_stop`, :meth:`_release`).
+(:meth:`dump_stacks`) and stopped (:meth:`_stop`, :meth:`_reap`, :meth:`_release`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from trainforge._internal.worker_group.api import (
 )
 
 TAIL_LINES = 60
-READ_INTERVAL_S = 0.02  # while training, the driver reads worker messages at most this often
+READ_INTERVAL_S = 0.02  # while training, the driver reads socket-borne reports at most this often
+RING_DRAIN_S = 0.05  # and drains the report rings of local workers at least this often
 
 
 class WorkerHandle:
@@ -51,6 +52,8 @@ class WorkerHandle:
         self.log_file: Any = None
         self.last_progress = time.monotonic()
         self.stacks: dict[int, str] = {}  # replies to "stacks" commands, by request id
+        self.ring: Any = None  # a local worker's report ring (report_ring.RingReader)
+        self.after_count = 0  # ordered ("after") socket messages read: the ring is read up to their tag
 
     @property
     def rank(self) -> int:
@@ -102,7 +105,9 @@ class SocketWorkerGroup(WorkerGroup):
 
     @abc.abstractmethod
     def _stop(self, running: list[Any], grace: float) -> None:
-        """Stop every worker for good: ``running`` are those still running after the exit command."""
+        """Stop every worker for good: ``running`` are those that may still do useful work (their
+        train loop did not fail) and did not end after the exit command; the others may be killed
+        at once."""
 
     def _release(self) -> None:
         """Free what the group holds once its workers are stopped (a pool, a placement group)."""
@@ -165,11 +170,24 @@ class SocketWorkerGroup(WorkerGroup):
                 self._dispatch(w, pickle.loads(data))
                 if not conn.poll():  # type: ignore[union-attr]
                     break
+        for w in self._workers:
+            if w.ring is not None:
+                self._drain_ring(w)
         self._check_deaths()
+
+    def _drain_ring(self, w: WorkerHandle, upto: int | None = None, everything: bool = False) -> None:
+        for data in w.ring.drain(upto, None if everything else w.after_count):
+            self._dispatch(w, pickle.loads(data))
 
     def _dispatch(self, w: WorkerHandle, msg: tuple) -> None:
         kind = msg[0]
-        if kind == "batch":
+        if kind == "after":  # sent after ring records up to this position: those come first
+            self._drain_ring(w, msg[1])
+            w.after_count += 1
+            self._dispatch(w, msg[2])
+        elif kind == "drain":  # the worker's ring is full; _receive drains it
+            pass
+        elif kind == "batch":
             for m in msg[1]:
                 self._dispatch(w, m)
         elif kind == "report":
@@ -213,9 +231,23 @@ class SocketWorkerGroup(WorkerGroup):
                 continue
             if w.rank not in exited:
                 self._await_exit(w, 2.0)
+            self._drain_dead(w)  # its last messages come before its death
             w.join_output(1.0)
             w.failed = True
             self._events.append(FailureEvent(self._death(w)))
+
+    def _drain_dead(self, w: WorkerHandle) -> None:
+        """What a dead worker sent is still ours: its socket's last messages, then its whole ring."""
+        conn = w.conn
+        while conn is not None and not conn.closed:
+            try:
+                if not conn.poll():
+                    break
+                self._dispatch(w, pickle.loads(conn.recv_bytes()))
+            except (EOFError, OSError):
+                conn.close()
+        if w.ring is not None:
+            self._drain_ring(w, everything=True)
 
     # -- execute ----------------------------------------------------------------------------------
     def execute_async(self, ranks: list[int], fn: Callable[..., Any], args: tuple, kwargs: dict) -> int:
@@ -272,6 +304,12 @@ class SocketWorkerGroup(WorkerGroup):
         return {w.rank: w.last_progress for w in self._workers if not w.finished and not w.failed}
 
     def poll(self, timeout: float) -> list[Event]:
+        if not self._events and self._workers and all(w.ring is not None for w in self._workers):
+            # Local workers: reports land in their rings without waking us; the sockets wake us for
+            # everything else (a death, a finished loop), and the rings are drained every RING_DRAIN_S.
+            self._receive(min(timeout, RING_DRAIN_S))
+            events, self._events = self._events, []
+            return events
         # Workers send every report at once (so none is lost if they die); the driver batches by
         # reading at most every READ_INTERVAL_S, so frequent reports do not wake it per message.
         wait_more = self._last_read + READ_INTERVAL_S - time.monotonic()
@@ -298,13 +336,16 @@ class SocketWorkerGroup(WorkerGroup):
 
     # -- shutdown ---------------------------------------------------------------------------------
     def shutdown(self, graceful: bool = True) -> None:
-        """Exit command (when graceful) and a bounded wait, then :meth:`_stop` escalates."""
+        """Exit command (when graceful) and a bounded wait, then :meth:`_stop` escalates; then
+        :meth:`_reap` and :meth:`_release`."""
         if self._shutdown_done:
             return
         self._shutdown_done = True
         grace = constants.shutdown_grace_s() if graceful else min(1.0, constants.shutdown_grace_s())
         exited = self._exited(self._workers) if self._workers else set()
-        running = [w for w in self._workers if w.rank not in exited]
+        # A worker whose train loop failed (it sent its error, or was found dead) has no cleanup
+        # left worth waiting for: it is not counted as running, so _stop kills it at once.
+        running = [w for w in self._workers if w.rank not in exited and not w.failed]
         if graceful:
             for w in running:
                 if w.conn is not None and not w.conn.closed:
@@ -316,14 +357,21 @@ class SocketWorkerGroup(WorkerGroup):
         for w in self._workers:
             w.exit_sent = True
         self._stop(running, grace)
+        self._reap()
+        self._release()
+
+    def _reap(self) -> None:
+        """Once :meth:`_stop` killed every worker: take their last output, close their connections
+        and logs."""
         for w in self._workers:
             w.join_output(2.0)
             if w.conn is not None:
                 w.conn.close()
+            if w.ring is not None:
+                w.ring.close()
             if w.log_file is not None:
                 with self._log_lock:
                     w.log_file.close()
-        self._release()
 
     def _wait_exit(self, workers: list[Any], timeout: float) -> None:
         deadline = time.monotonic() + timeout
