@@ -239,7 +239,7 @@ def test_async_checkpoints_keep_order_retention_and_the_final_result(tmp_path):
         files = {p.name: p.read_text() for p in (run / name).iterdir()}
         assert files.pop(COMMIT_MARKER) and files == {"rank_0.txt": f"report {i}", "rank_1.txt": f"report {i}"}
     assert result.checkpoint.path.endswith("checkpoint_000003")
-    assert list((run / ".staging").iterdir()) == []
+    assert not (run / ".staging").exists()  # removed once empty
     again = Result.from_path(str(run))
     assert [(c.path, m["i"]) for c, m in again.best_checkpoints] == [(c.path, m["i"]) for c, m in result.best_checkpoints]
     assert list(again.metrics_dataframe["i"]) == list(range(7))

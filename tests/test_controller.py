@@ -287,7 +287,7 @@ def test_successive_checkpoints_get_increasing_numbers(tmp_path):
     assert [m for _, m in h.manager.best_checkpoints] == [{"i": 0}, {"i": 1}, {"i": 2}]
 
 
-def test_unequal_report_counts_warn_and_skip_incomplete_checkpoint(tmp_path):
+def test_unequal_report_counts_warn_and_skip_incomplete_checkpoint(tmp_path, caplog):
     h = Harness(tmp_path, [])
     h.groups.append(
         FakeWorkerGroup(
@@ -300,10 +300,10 @@ def test_unequal_report_counts_warn_and_skip_incomplete_checkpoint(tmp_path):
     )
     h.step(4)
     assert Path(h.storage.staging_path(0, 1, 0)).is_dir()
-    with pytest.warns(RuntimeWarning) as record:
+    with caplog.at_level("WARNING", logger="trainforge"):
         assert h.step() is RunState.FINISHED
-    msg = str(record[0].message)
-    assert "rank 0: 2" in msg and "rank 1: 1" in msg
+    [msg] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]  # one warning, logged once
+    assert "a different number of times" in msg and "rank 0: 2" in msg and "rank 1: 1" in msg
     assert not Path(h.storage.staging_path(0, 1)).exists()
     assert not h.ckpt_dir(0).exists()
     assert h.manager.latest is None
@@ -311,12 +311,13 @@ def test_unequal_report_counts_warn_and_skip_incomplete_checkpoint(tmp_path):
     assert [r.index for r in h.callback.reports] == [0]
 
 
-def test_equal_report_counts_do_not_warn(tmp_path):
+def test_equal_report_counts_do_not_warn(tmp_path, caplog):
     h = Harness(tmp_path, [FakeWorkerGroup([[report(0, 0), report(1, 0)], [done(0, 1), done(1, 1)]])])
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), caplog.at_level("WARNING", logger="trainforge"):
         warnings.simplefilter("error")
         h.run()
     assert h.controller.state is RunState.FINISHED
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
 # -- failures -----------------------------------------------------------------------------------------
@@ -356,6 +357,27 @@ def test_simultaneous_failures_are_grouped_into_one_attempt(tmp_path):
     assert len(err.failures) == 1 and {f.rank for f in err.failures[0]} == {0, 1}
     assert str(err).count("RuntimeError: same") == 1
     assert "ranks 0, 1 (pids 1000, 1001): RuntimeError: same" in str(err)
+
+
+def _not_polled_again():
+    raise AssertionError("polled after every rank had failed or finished")
+
+
+@pytest.mark.parametrize(
+    ("script", "failed"),
+    [
+        ([[failure(0)], [failure(1)], _not_polled_again], [0, 1]),  # both failed
+        ([[done(1, 0)], [failure(0)], _not_polled_again], [0]),  # one finished, the other failed
+    ],
+    ids=["all-failed", "finished-and-failed"],
+)
+def test_settle_window_ends_once_every_rank_failed_or_finished(tmp_path, monkeypatch, script, failed):
+    monkeypatch.setattr(controller_mod, "FAILURE_SETTLE_S", 3600.0)  # only ending early ends it
+    h = Harness(tmp_path, [FakeWorkerGroup(list(script))])
+    h.run()
+    err = h.controller.error
+    assert isinstance(err, TrainingFailedError)
+    assert len(err.failures) == 1 and sorted(f.rank for f in err.failures[0]) == failed
 
 
 def test_report_on_the_wire_at_failure_is_still_committed(tmp_path):
@@ -415,6 +437,41 @@ def test_restart_after_failure_resumes_from_latest_checkpoint(tmp_path):
     assert h.controller.metrics.rows == [{"epoch": 0}, {"epoch": 1}]
 
 
+def test_one_numbering_of_reports_and_attempts_across_restarts(tmp_path, caplog):
+    """Reports are numbered by their row in the history (which continues from the checkpoint), failures
+    and the restart line by attempt as get_attempt() numbers them; each failure reaches on_failure."""
+    h = Harness(tmp_path, [], max_failures=1)
+    recorded: list[list[WorkerFailure]] = []
+    h.controller.hooks.on_failure = recorded.append
+    h.groups += [
+        FakeWorkerGroup(
+            [
+                [report(0, 0, {"s": 0}), report(1, 0, {"s": 0})],
+                h.staged_report(0, 1, 0, {"m": "1"}, {"s": 1}),
+                h.staged_report(0, 1, 1, {"m": "1"}, {"s": 1}),
+                [report(0, 2, {"s": 2}), report(1, 2, {"s": 2})],  # after the checkpoint: redone
+                [failure(1, "first")],
+            ]
+        ),
+        FakeWorkerGroup([[report(0, 0, {"s": 2}), report(1, 0, {"s": 2})], [failure(0, "second")]]),
+    ]
+    with caplog.at_level("WARNING", logger="trainforge"):
+        reports = h.run()
+    assert [(r.index, r.attempt, r.metrics["s"]) for r in reports] == [(0, 0, 0), (1, 0, 1), (2, 0, 2), (2, 1, 2)]
+    assert h.controller.metrics.rows == [{"s": 0}, {"s": 1}, {"s": 2}]  # report 2 is the redone one
+    assert [[(f.attempt, f.message) for f in a] for a in recorded] == [[(0, "first")], [(1, "second")]]
+    assert [(f.attempt, f.rank) for f in h.controller.result().failures] == [(0, 1), (1, 0)]
+    assert h.callback.restarts == [(1, "rank 1 (pid 1001): RuntimeError: first")]
+    [line] = [r.getMessage() for r in caplog.records if "restarting" in r.getMessage()]
+    assert line == (
+        "attempt 0 failed: rank 1 (pid 1001): RuntimeError: first; restarting as attempt 1 from "
+        "checkpoint_000000 (failure 1 of 1 allowed)"
+    )
+    text = str(h.controller.error)
+    assert "[attempt 0] rank 1 (pid 1001): RuntimeError: first" in text
+    assert "[attempt 1] rank 0 (pid 1000): RuntimeError: second" in text
+
+
 def test_restart_without_checkpoint_uses_initial_checkpoint(tmp_path):
     resume = tmp_path / "resume"
     resume.mkdir()
@@ -446,7 +503,7 @@ def test_error_after_k_plus_one_failures_lists_every_attempt(tmp_path):
     assert isinstance(err, TrainingFailedError)
     text = str(err)
     assert "3 times" in text and "max_failures=2" in text
-    positions = [text.index(f"[attempt {i + 1}] rank {i % 2} ") for i in range(3)]
+    positions = [text.index(f"[attempt {i}] rank {i % 2} ") for i in range(3)]  # numbered as get_attempt()
     assert positions == sorted(positions)
     for i in range(3):
         assert f"failure number {i}" in text

@@ -116,12 +116,19 @@ def test_from_attempts_lists_every_attempt_oldest_first():
     err = TrainingFailedError.from_attempts(attempts, max_failures=2)
     lines = str(err).splitlines()
     assert "3 times" in lines[0] and "max_failures=2" in lines[0]
-    assert lines[1] == "[attempt 1] rank 0 (pid 100): ValueError: first"
+    assert lines[1] == "[attempt 0] rank 0 (pid 100): ValueError: first"
     assert lines[2] == (
-        "[attempt 2] ranks 0, 1 (pids 100, 101): worker process died unexpectedly: killed by SIGKILL (exit code -9)"
+        "[attempt 1] ranks 0, 1 (pids 100, 101): worker process died unexpectedly: killed by SIGKILL (exit code -9)"
     )
-    assert lines[3] == "[attempt 3] rank 2 (pid 102): KeyError: third"
+    assert lines[3] == "[attempt 2] rank 2 (pid 102): KeyError: third"
     assert err.failures is attempts
+
+
+def test_from_attempts_numbers_attempts_as_get_attempt():
+    # A resize between the failures made attempt 1 (no failure): the records say which attempt failed.
+    attempts = [[exc(0, 1.0, "first", attempt=0)], [exc(1, 2.0, "second", attempt=2)]]
+    lines = str(TrainingFailedError.from_attempts(attempts, max_failures=1)).splitlines()
+    assert lines[1:] == ["[attempt 0] rank 0 (pid 100): ValueError: first", "[attempt 2] rank 1 (pid 101): ValueError: second"]
 
 
 def test_training_failed_error_default_failures():

@@ -4,6 +4,7 @@ SIGTERM; drivers that get SIGTERM, Ctrl-C or SIGKILL. No process may be left beh
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -149,6 +150,57 @@ def test_worker_ignoring_sigterm_and_its_children_are_killed(tmp_path, executor)
     assert wait_until_gone(pids, timeout=5) == []
 
 
+def test_worker_whose_loop_failed_is_killed_at_once_and_a_running_peer_gets_sigterm(tmp_path):
+    """Rank 0's loop fails; rank 1 is still training. Stopping the group, rank 1 gets SIGTERM first
+    (it may have cleanup to do), rank 0 (nothing left to do) is SIGKILLed without that grace. Each
+    records the SIGTERM it gets; neither process survives."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def loop():
+        rank = train.get_context().get_world_rank()
+
+        def on_sigterm(*_):
+            (marks / f"sigterm_{rank}").write_text("")
+            os._exit(143)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        (marks / f"pid_{rank}").write_text(str(os.getpid()))
+        if rank == 1:
+            _wait_forever()
+        while not (marks / "pid_1").exists():  # rank 1's handler is installed
+            time.sleep(0.02)
+        raise ValueError("rank 0 fails")
+
+    with pytest.raises(TrainingFailedError, match="rank 0 fails"):
+        _fit(loop, tmp_path)
+    assert (marks / "sigterm_1").exists()
+    assert not (marks / "sigterm_0").exists()
+    pids = [int((marks / f"pid_{rank}").read_text()) for rank in (0, 1)]
+    assert wait_until_gone(pids, timeout=5) == []
+
+
+def test_stopped_group_is_reaped_meanwhile_and_the_pool_waits_for_it(tmp_path):
+    """With the run's pool, shutdown() returns once every worker is killed; the pool's reaper waits
+    for them and closes their files (the next group starts meanwhile), and closing the pool waits
+    for the reaper."""
+    from fakes import specs
+
+    from trainforge._internal.worker_group.local import LocalWorkerGroup
+    from trainforge._internal.worker_group.local_pool import LocalProcessPool
+
+    pool = LocalProcessPool(stack_dir=str(tmp_path))
+    group = LocalWorkerGroup(log_dir=str(tmp_path), log_to_driver=False, pool=pool)
+    try:
+        group.start(specs(2))
+        workers = list(group._workers)
+        group.shutdown(graceful=False)
+    finally:
+        pool.close()
+    assert all(w.proc.returncode is not None for w in workers)  # reaped, not left as zombies
+    assert all(w.log_file.closed for w in workers)
+
+
 def test_successful_run_leaves_no_process(tmp_path, executor):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -202,6 +254,25 @@ def test_signal_to_driver_stops_all_workers(tmp_path, sig, executor):
     assert "driver cleanup done" in out
     assert proc.returncode != 0
     assert wait_until_gone(pids, timeout=5) == []
+
+
+def test_ctrl_c_prints_one_line_and_a_short_traceback(tmp_path, executor):
+    proc, pids = _start_hold_driver(tmp_path, executor=executor)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert wait_until_gone(pids, timeout=5) == []  # no worker, nor a worker's child, left
+    run_dir = str(tmp_path / "res" / "hold")
+    [line] = [ln for ln in out.splitlines() if "interrupted" in ln and not ln.startswith("KeyboardInterrupt")]
+    assert line == (
+        "trainforge: interrupted: stopped 2 worker(s) of run 'hold' (attempt 0, 0 report(s), no checkpoint); "
+        f"run directory: {run_dir} (resume with DataParallelTrainer.restore({run_dir!r}))"
+    ), out
+    # The exception still reaches the caller, from fit(): not through the controller or selectors.
+    tb = out[out.index("Traceback (most recent call last):"):]
+    assert "selectors.py" not in tb and "controller.py" not in tb and "trainer.py" in tb, tb
+    assert tb.rstrip().endswith(f"KeyboardInterrupt: fit() was interrupted; run directory: {run_dir} "
+                                f"(resume with DataParallelTrainer.restore({run_dir!r}))"), tb
+    assert json.loads(open(os.path.join(run_dir, "run_state.json")).read())["status"] == "interrupted"
 
 
 def test_killed_driver_leaves_no_worker(tmp_path, executor):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import sys
-import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -133,7 +134,7 @@ def test_checkpoints_merge_ranks_and_keep_top_k(tmp_path, executor):
         assert open(os.path.join(d, "shared.txt")).read() == "rank 0"  # lowest rank wins
     on_disk = sorted(p for p in os.listdir(tmp_path / "ck") if p.startswith("checkpoint_"))
     assert on_disk == ["checkpoint_000001", "checkpoint_000003"]
-    assert not os.listdir(tmp_path / "ck" / ".staging")
+    assert not os.path.exists(tmp_path / "ck" / ".staging")  # removed once empty
 
     rebuilt = Result.from_path(result.path)
     assert rebuilt.metrics == result.metrics
@@ -162,7 +163,133 @@ def test_checkpoint_from_rank0_only_and_metadata(tmp_path, executor):
     assert open(os.path.join(target, "model.bin")).read() == "weights"
 
 
-def test_unequal_report_counts_warn_and_do_not_hang(tmp_path, executor):
+def metadata_loop(config):
+    """Both ranks save a file each step; rank 0 also sets the checkpoint's "step" (and at step 1 an
+    "owner" of its own, which must win over the trainer's). Resumes after the checkpoint's step."""
+    import tempfile
+
+    ctx = train.get_context()
+    rank = ctx.get_world_rank()
+    resumed = train.get_checkpoint()
+    start = resumed.get_metadata()["step"] + 1 if resumed is not None else 0
+    for step in range(start, config["steps"]):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, f"rank{rank}.txt"), "w") as f:
+                f.write(str(step))
+            ckpt = Checkpoint.from_directory(d)
+            if rank == 0:
+                ckpt.set_metadata({"step": step, **({"owner": "worker"} if step == 1 else {})})
+            meta = ctx.get_metadata()
+            train.report({"step": step, "start": start, "owner": meta["owner"]}, checkpoint=ckpt)
+
+
+def check_trainer_metadata_through_restore(storage_path: str, restore_path: str, **run_kwargs) -> None:
+    """A run with ``metadata=`` (2 steps), then ``restore()`` and 2 more steps: every committed
+    checkpoint has the trainer's keys under the worker's own."""
+    trainer = DataParallelTrainer(
+        metadata_loop,
+        train_loop_config={"steps": 2},
+        metadata={"owner": "trainer", "lr": 0.1},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(storage_path=storage_path, name="meta", verbose=0, **run_kwargs),
+    )
+    first = trainer.fit()
+    assert first.metrics == {"step": 1, "start": 0, "owner": "trainer"}  # get_context().get_metadata()
+    assert [c.get_metadata() for c, _ in first.best_checkpoints] == [
+        {"owner": "trainer", "lr": 0.1, "step": 0},
+        {"owner": "worker", "lr": 0.1, "step": 1},  # the worker's key wins
+    ]
+
+    second = DataParallelTrainer.restore(restore_path, train_loop_config={"steps": 4}).fit()
+    assert list(second.metrics_dataframe["start"]) == [0, 0, 2, 2]  # resumed after checkpoint 1
+    assert second.checkpoint.path.endswith("checkpoint_000003")
+    assert [c.get_metadata() for c, _ in second.best_checkpoints] == [
+        {"owner": "trainer", "lr": 0.1, "step": 0},
+        {"owner": "worker", "lr": 0.1, "step": 1},
+        {"owner": "trainer", "lr": 0.1, "step": 2},
+        {"owner": "trainer", "lr": 0.1, "step": 3},
+    ]
+    assert Result.from_path(restore_path).checkpoint.get_metadata() == {"owner": "trainer", "lr": 0.1, "step": 3}
+
+
+def test_trainer_metadata_in_checkpoints_and_after_restore(tmp_path):
+    check_trainer_metadata_through_restore(str(tmp_path), str(tmp_path / "meta"))
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_run_directory_is_tidy_after_a_run_with_a_restart(tmp_path):
+    """Checkpoints written in 0o700 temporary directories, a restart (so standby workers were
+    started): afterwards no .staging/, no stack files (none was dumped), and checkpoint directories
+    and files with the default permissions."""
+
+    def loop():
+        import tempfile
+
+        rank = train.get_context().get_world_rank()
+        resumed = train.get_checkpoint()
+        with tempfile.TemporaryDirectory() as d:
+            os.mkdir(os.path.join(d, "sub"), mode=0o700)
+            with open(os.path.join(d, "sub", f"rank{rank}.txt"), "w") as f:
+                f.write("x")
+            os.chmod(os.path.join(d, "sub", f"rank{rank}.txt"), 0o600)
+            train.report({"resumed": resumed is not None}, checkpoint=Checkpoint.from_directory(d))
+        if resumed is None and rank == 1:
+            raise RuntimeError("fail once")
+
+    rc = RunConfig(storage_path=str(tmp_path), name="tidy", verbose=0, failure_config=train.FailureConfig(max_failures=1))
+    result = _run(loop, n=2, run_config=rc)
+    assert result.metrics == {"resumed": True}
+    run = tmp_path / "tidy"
+    assert not (run / ".staging").exists()
+    assert sorted(os.listdir(run / "logs")) == ["rank_0.log", "rank_1.log"]
+    umask = _umask()
+    checked = 0
+    for ckpt, _ in result.best_checkpoints:
+        for path in [Path(ckpt.path), *Path(ckpt.path).rglob("*")]:
+            expected = (0o777 if path.is_dir() else 0o666) & ~umask
+            assert stat.S_IMODE(path.stat().st_mode) == expected, (path, oct(path.stat().st_mode))
+            checked += 1
+    assert checked == 2 * 5  # two checkpoints: the directory, sub/, two rank files and the marker
+
+
+def test_stack_file_is_named_by_rank_and_removed_when_empty(tmp_path):
+    from trainforge._internal.worker_group.local_pool import WorkerProcess
+
+    earlier = tmp_path / "rank_1.stack"
+    earlier.write_text("attempt 0 stacks\n")  # a dump by the previous attempt's rank 1
+    startup = tmp_path / ".worker_7.stack"
+    with open(startup, "a") as held_by_worker:  # as worker_main opens it, before it has a rank
+        w = WorkerProcess(None, str(startup), (), "key")  # type: ignore[arg-type]
+        w.name_stack_file(1)
+        assert w.stack_file == str(earlier) and not startup.exists()
+        held_by_worker.write("attempt 1 stacks\n")  # the worker's dumps follow the rename
+    assert earlier.read_text() == "attempt 0 stacks\nattempt 1 stacks\n"
+    w.remove_stack_file_if_empty()
+    assert earlier.exists()  # a dump is kept
+
+    old, new = (WorkerProcess(None, str(tmp_path / f".worker_{i}.stack"), (), "k") for i in (8, 9))  # type: ignore[arg-type]
+    for worker in (old, new):
+        Path(worker.stack_file).touch()
+        worker.name_stack_file(0)
+    old.remove_stack_file_if_empty()  # rank_0.stack is the newer worker's now: left alone
+    assert (tmp_path / "rank_0.stack").exists()
+    new.remove_stack_file_if_empty()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank_1.stack"]
+
+
+def test_metadata_must_be_json_serializable(tmp_path):
+    with pytest.raises(ValueError) as info:
+        DataParallelTrainer(lambda: None, metadata={"when": object()})
+    msg = str(info.value)
+    assert "metadata={'when': <object object" in msg and "JSON-serializable" in msg
+
+
+def test_unequal_report_counts_warn_and_do_not_hang(tmp_path, capfd, executor):
     def loop():
         import tempfile
 
@@ -172,14 +299,15 @@ def test_unequal_report_counts_warn_and_do_not_hang(tmp_path, executor):
                 open(os.path.join(d, "f"), "w").write(str(i))
                 train.report({"i": i}, checkpoint=Checkpoint.from_directory(d))
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = _run(loop, n=2, tmp_path=tmp_path, executor=executor)
-    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
-    assert any("rank 0: 3" in m and "rank 1: 2" in m for m in messages), messages
+    rc = RunConfig(storage_path=str(tmp_path), name="run", verbose=1)
+    result = _run(loop, n=2, tmp_path=tmp_path, executor=executor, run_config=rc)
+    _, err = capfd.readouterr()
+    # One console line, in trainforge's style (no bare logging line, no Python warning).
+    [line] = [ln for ln in err.splitlines() if "a different number of times" in ln]
+    assert line.startswith("trainforge: Ranks called report()") and "rank 0: 3" in line and "rank 1: 2" in line
     assert result.metrics == {"i": 2}  # rank 0's last report is still in the metrics
     assert result.checkpoint.path.endswith("checkpoint_000001")  # report 2 was not committed
-    assert not os.listdir(os.path.join(result.path, ".staging"))
+    assert not os.path.exists(os.path.join(result.path, ".staging"))  # report 2's files were discarded
 
 
 def test_datasets_split_and_whole(tmp_path, executor):

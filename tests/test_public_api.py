@@ -81,13 +81,16 @@ def test_import_is_light():
     assert "HEAVY=\n" in proc.stdout, proc.stdout
 
 
-def test_import_sets_no_environment_and_no_logging_handlers():
+def test_import_sets_no_environment_and_only_a_null_logging_handler():
+    """Only a NullHandler on the library's logger, so Python's last-resort handler does not print its
+    warnings bare (fit() shows them as console lines)."""
     code = (
         "import os, logging\n"
         "before = dict(os.environ)\n"
         "import trainforge, trainforge.torch, trainforge.backend\n"
         "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())\n"
-        "assert not logging.getLogger('trainforge').handlers\n"
+        "handlers = logging.getLogger('trainforge').handlers\n"
+        "assert [type(h) for h in handlers] == [logging.NullHandler], handlers  # the only logging set-up\n"
         "assert not logging.getLogger().handlers\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

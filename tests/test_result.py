@@ -134,6 +134,64 @@ def test_from_path_of_a_missing_directory(tmp_path):
         Result.from_path(str(tmp_path / "nope"))
 
 
+# -- get_best_checkpoint --------------------------------------------------------------------------------
+
+
+def _result_with(metrics: list[dict]) -> Result:
+    pairs = [(Checkpoint(f"/ck/{i}"), m) for i, m in enumerate(metrics)]
+    return Result(metrics=metrics[-1] if metrics else None, checkpoint=pairs[-1][0] if pairs else None,
+                  error=None, path="/run", best_checkpoints=pairs)  # fmt: skip
+
+
+def test_get_best_checkpoint_max_and_min():
+    result = _result_with([{"acc": 0.5, "loss": 3.0}, {"acc": 0.9, "loss": 1.0}, {"acc": 0.7, "loss": 0.5}])
+    assert result.get_best_checkpoint(metric="acc", mode="max") == Checkpoint("/ck/1")
+    assert result.get_best_checkpoint(metric="acc", mode="min") == Checkpoint("/ck/0")
+    assert result.get_best_checkpoint("loss", "min") == Checkpoint("/ck/2")
+
+
+def test_get_best_checkpoint_skips_checkpoints_without_the_metric_and_ties_go_to_the_first():
+    result = _result_with([{"acc": 0.9}, {"loss": 0.1}, {"acc": None}, {"acc": 0.9}, {"acc": 0.2}])
+    assert result.get_best_checkpoint("acc", "max") == Checkpoint("/ck/0")
+    assert result.get_best_checkpoint("acc", "min") == Checkpoint("/ck/4")
+    assert result.get_best_checkpoint("loss", "max") == Checkpoint("/ck/1")
+
+
+def test_get_best_checkpoint_nested_metric():
+    result = _result_with([{"val": {"acc": 0.4}}, {"val": {"acc": 0.8}}, {"val/acc": 0.6}])
+    assert result.get_best_checkpoint("val/acc", "max") == Checkpoint("/ck/1")
+    assert result.get_best_checkpoint("val/acc", "min") == Checkpoint("/ck/0")
+
+
+def test_get_best_checkpoint_rejects_a_bad_mode():
+    with pytest.raises(ValueError) as info:
+        _result_with([{"acc": 1.0}]).get_best_checkpoint("acc", "maximum")
+    msg = str(info.value)
+    assert "mode='maximum'" in msg and "'max' or 'min'" in msg
+
+
+def test_get_best_checkpoint_of_an_unknown_metric_lists_the_metrics():
+    result = _result_with([{"epoch": 0, "loss": 1.0}, {"epoch": 1, "val": {"acc": 0.5}}])
+    with pytest.raises(ValueError) as info:
+        result.get_best_checkpoint("accuracy", "max")
+    msg = str(info.value)
+    assert "metric='accuracy'" in msg
+    assert "['epoch', 'loss', 'val', 'val/acc']" in msg
+
+
+def test_get_best_checkpoint_without_checkpoints_is_none():
+    assert _result_with([]).get_best_checkpoint("acc", "max") is None
+
+
+def test_get_best_checkpoint_of_a_result_from_path(tmp_path):
+    storage = make_run(tmp_path, [0.1, 0.9, 0.8, 0.2, 0.3], num_to_keep=3)
+    result = Result.from_path(storage.run_path)
+    assert [m["epoch"] for _, m in result.best_checkpoints] == [1, 2, 4]  # kept: top 3 by acc
+    assert result.get_best_checkpoint("acc", "max").path == storage.path("checkpoint_000001")
+    assert result.get_best_checkpoint("acc", "min").path == storage.path("checkpoint_000004")
+    assert result.get_best_checkpoint("epoch", "max").path == storage.path("checkpoint_000004")
+
+
 # -- Checkpoint ---------------------------------------------------------------------------------------
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from trainforge._internal.checkpoint import Checkpoint
+from trainforge._internal.checkpoint import METADATA_FILE, Checkpoint
+from trainforge._internal.exceptions import StorageError
 from trainforge._internal.storage import (
     COMMIT_MARKER,
     STAGING_DIR,
@@ -133,6 +135,70 @@ def test_commit_replaces_leftovers_of_an_interrupted_commit(storage, tmp_path):
     stage(storage, tmp_path, 0, 0, 0, {"fresh.txt": "new"})
     ckpt = storage.commit_checkpoint(0, 0, [0], seq=0, metrics={})
     assert set(read_tree(Path(ckpt.path))) == {"fresh.txt", COMMIT_MARKER}
+
+
+@pytest.mark.parametrize("ranks", [[0], [0, 1]], ids=["one_rank", "two_ranks"])
+def test_commit_merges_the_trainer_metadata_worker_keys_win(tmp_path, ranks):
+    s = StorageContext(str(tmp_path / "results"), "run", trainer_metadata={"owner": "me", "epoch": -1})
+    s.prepare()
+    # report 0: the worker set no metadata; report 1: rank 0 set "epoch", rank 1 a conflicting copy
+    for r in ranks:
+        stage(s, tmp_path, 0, 0, r, {"f": "x"})
+        stage(s, tmp_path, 0, 1, r, {"f": "x", METADATA_FILE: json.dumps({"epoch": 3 + r, "rank": r})})
+    plain = s.commit_checkpoint(0, 0, ranks, 0, {})
+    own = s.commit_checkpoint(0, 1, ranks, 1, {})
+    assert plain.get_metadata() == {"owner": "me", "epoch": -1}
+    assert own.get_metadata() == {"owner": "me", "epoch": 3, "rank": 0}  # rank 0's file, then its keys win
+
+
+def test_trainer_metadata_is_written_before_the_marker(tmp_path, monkeypatch):
+    """A commit that fails while writing the metadata leaves no marker: nothing is picked up."""
+    s = StorageContext(str(tmp_path / "results"), "run", trainer_metadata={"owner": "me"})
+    s.prepare()
+    stage(s, tmp_path, 0, 0, 0, {"f": "x"})
+    real_write = s._write
+
+    def write(path: str, data: bytes) -> None:
+        if path.endswith(METADATA_FILE):
+            raise PermissionError(13, "Permission denied", path)
+        real_write(path, data)
+
+    monkeypatch.setattr(s, "_write", write)
+    with pytest.raises(StorageError, match="commit_checkpoint"):
+        s.commit_checkpoint(0, 0, [0], 0, {})
+    assert not Path(s.path("checkpoint_000000", COMMIT_MARKER)).exists()
+    assert s.list_checkpoints() == []
+
+
+@pytest.mark.parametrize("ranks", [[0], [0, 1]], ids=["one_rank", "two_ranks"])
+def test_committed_checkpoint_has_default_permissions(storage, tmp_path, ranks):
+    """Not the 0o700 of the temporary directory the checkpoint was written in."""
+    import stat
+    import tempfile
+
+    for r in ranks:
+        src = Path(tempfile.mkdtemp(dir=tmp_path))  # drwx------, like tempfile.TemporaryDirectory
+        (src / "sub").mkdir(mode=0o700)
+        (src / "sub" / f"r{r}.bin").write_text("x")
+        (src / "sub" / f"r{r}.bin").chmod(0o600)
+        storage.stage_checkpoint(str(src), 0, 0, r)
+    ckpt = storage.commit_checkpoint(0, 0, ranks, 0, {})
+    umask = os.umask(0o022)
+    os.umask(umask)
+    paths = [Path(ckpt.path), *Path(ckpt.path).rglob("*")]
+    assert len(paths) == 3 + len(ranks)  # the directory, sub/, the marker and each rank's file
+    for path in paths:
+        assert stat.S_IMODE(path.stat().st_mode) == (0o777 if path.is_dir() else 0o666) & ~umask, path
+
+
+def test_remove_staging_if_empty(storage, tmp_path):
+    stage(storage, tmp_path, 0, 0, 0, {"f": "0"})
+    storage.remove_staging_if_empty()
+    assert Path(storage.staging_path(0, 0, 0), "f").exists()  # something staged: kept
+    storage.discard_staged(0, 0)
+    storage.remove_staging_if_empty()
+    assert not Path(storage.path(STAGING_DIR)).exists()
+    storage.remove_staging_if_empty()  # already gone: no error
 
 
 def test_stage_copies_so_source_can_be_deleted(storage, tmp_path):
@@ -261,3 +327,14 @@ def test_memory_write_and_read_text(memory_storage):
     memory_storage.write_text("run_state.json", '{"a": 1}')
     assert memory_storage.read_text("run_state.json") == '{"a": 1}'
     assert memory_storage.read_text("nope") is None
+
+
+def test_memory_remove_staging_if_empty(memory_storage, tmp_path):
+    s = memory_storage
+    stage(s, tmp_path, 0, 0, 0, {"f": "0"})
+    s.remove_staging_if_empty()
+    assert s.fs.exists(s.staging_path(0, 0, 0) + "/f")
+    s.commit_checkpoint(0, 0, [0], 0, {})
+    s.remove_staging_if_empty()
+    assert not s.fs.exists(s.path(STAGING_DIR))
+    assert s.fs.exists(s.path("checkpoint_000000", COMMIT_MARKER))

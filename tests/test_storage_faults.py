@@ -239,8 +239,53 @@ def test_unwritable_storage_is_a_configuration_error_naming_the_url(tmp_path):
         StorageContext(str(blocker / "res"), "run").prepare()
     msg = str(info.value)
     assert f"RunConfig.storage_path={str(blocker / 'res')!r} cannot be written" in msg
-    assert "'prepare'" in msg and "NotADirectoryError" in msg and "a file is in the way" in msg
+    assert f"could not create the run directory {blocker / 'res' / 'run'}: NotADirectoryError" in msg
+    assert f"{str(blocker)!r} is a file, not a directory: move it away" in msg
+    assert "was not removed" not in msg  # nothing was removed: the run has not started
     assert isinstance(info.value.__cause__, NotADirectoryError)
+
+
+def test_storage_path_that_cannot_be_created_says_why_and_what_to_do():
+    with pytest.raises(ValueError) as info:
+        StorageContext("/proc/nope", "run").prepare()
+    msg = str(info.value)
+    assert msg.startswith("RunConfig.storage_path='/proc/nope' cannot be written: could not create the run "
+                          "directory /proc/nope/run: FileNotFoundError")  # fmt: skip
+    assert "directories cannot be created in '/proc': choose a location you can write to" in msg
+    assert "exists and was not removed" not in msg and "s3://" not in msg and "credentials" not in msg
+    assert isinstance(info.value.__cause__, FileNotFoundError)
+
+
+def test_storage_path_without_permission_says_so(tmp_path, monkeypatch):
+    def denied(path, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", path)
+
+    monkeypatch.setattr(os, "makedirs", denied)  # (the tests may run as root, who may write anywhere)
+    with pytest.raises(ValueError) as info:
+        StorageContext(str(tmp_path / "new" / "res"), "run").prepare()
+    msg = str(info.value)
+    assert "could not create the run directory" in msg and "PermissionError" in msg
+    assert f"you may not create files in {str(tmp_path)!r}: choose a location you can write to" in msg
+    assert "credentials" not in msg
+
+
+def test_storage_path_probe_write_failure_on_remote_storage(tmp_path):
+    s = StorageContext(str(tmp_path / "res"), "run", FaultyFS(fail={"pipe_file": ["perm"]}))
+    with pytest.raises(ValueError) as info:
+        s.prepare()
+    msg = str(info.value)
+    assert f"could not write a file in the run directory file://{tmp_path}/res/run: PermissionError" in msg
+    assert "check the credentials" in msg
+
+
+def test_unreachable_storage_at_start_keeps_the_retry_advice(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINFORGE_STORAGE_RETRIES", "2")
+    s = StorageContext(str(tmp_path / "res"), "run", FaultyFS(fail={"pipe_file": ["conn", "conn"]}))
+    with pytest.raises(ValueError) as info:
+        s.prepare()
+    msg = str(info.value)
+    assert "failed after 2 attempts: ConnectionResetError" in msg and "TRAINFORGE_STORAGE_RETRIES" in msg
+    assert isinstance(info.value.__cause__, ConnectionResetError)
 
 
 # -- storage errors in real runs ----------------------------------------------------------------------

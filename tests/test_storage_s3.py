@@ -163,13 +163,22 @@ def test_second_fit_resumes_from_the_latest_checkpoint(bucket, moto_endpoint, mo
         assert Path(d, "rank_0.txt").read_text() == "step 2"
 
 
+def test_trainer_metadata_in_checkpoints_and_after_restore_on_s3(bucket):
+    from test_local_e2e import check_trainer_metadata_through_restore
+
+    check_trainer_metadata_through_restore(f"s3://{bucket}/prefix", f"s3://{bucket}/prefix/meta")
+    stored = json.loads(get(bucket, "prefix/meta/checkpoint_000002/.metadata.json"))
+    assert stored == {"owner": "trainer", "lr": 0.1, "step": 2}
+
+
 def test_missing_bucket_is_reported_before_any_worker_starts(bucket):
     missing = f"{bucket}-missing"
     with pytest.raises(ValueError) as info:
         _trainer(bucket, scores=[1], storage_path=f"s3://{missing}/prefix").fit()
     msg = str(info.value)
     assert f"RunConfig.storage_path='s3://{missing}/prefix' cannot be written" in msg
-    assert f"s3://{missing}/prefix/run" in msg and "the bucket must exist" in msg
+    assert f"s3://{missing}/prefix/run" in msg and "the bucket must exist: create it first" in msg
+    assert "was not removed" not in msg
     assert missing not in [b["Name"] for b in boto3.client("s3").list_buckets()["Buckets"]]  # not created
 
 

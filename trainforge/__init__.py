@@ -4,6 +4,8 @@ The API mirrors Ray Train 2.x (``from ray import train`` -> ``import trainforge 
 Importing trainforge is light: torch, ray, pandas and pyarrow are imported only where used.
 """
 
+import logging as _logging
+
 from trainforge._internal.callback import Callback
 from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.config import (
@@ -25,6 +27,11 @@ from trainforge._internal.session import (
 from trainforge._internal.trainer import DataParallelTrainer
 
 __version__ = "0.1.0"
+
+# The one piece of logging set-up a library does (Python's logging HOWTO): without a handler, Python's
+# last-resort handler would print trainforge's warnings bare. fit() shows them as "trainforge: ..."
+# console lines instead (trainforge._internal.progress); applications may add their own handlers.
+_logging.getLogger("trainforge").addHandler(_logging.NullHandler())
 
 __all__ = [
     "Callback",

@@ -18,7 +18,9 @@ class Callback:
         """A report that every rank has made (``report.metrics`` is rank 0's)."""
 
     def on_restart(self, attempt: int, reason: str) -> None:
-        pass
+        """The group is about to start again after a failure or an elastic resize: ``attempt`` is the
+        number of the attempt about to start, as ``get_context().get_attempt()`` will say in it (1 at
+        the first restart); ``reason`` is one line (the failure's root cause, or the resize)."""
 
     def on_run_end(self, result: Result) -> None:
         pass

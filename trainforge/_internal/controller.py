@@ -21,7 +21,6 @@ from __future__ import annotations
 import enum
 import logging
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +52,8 @@ from trainforge._internal.worker_group.api import (
 logger = logging.getLogger("trainforge")
 
 # After the first failure, keep listening this long so simultaneous failures of other ranks are
-# grouped into one message, and reports already on the wire are still processed.
+# grouped into one message, and reports already on the wire are still processed; not once every
+# rank has failed or finished.
 FAILURE_SETTLE_S = 0.3
 POLL_INTERVAL_S = 0.1
 
@@ -104,6 +104,8 @@ class ControllerHooks:
     # Called once a group is training, with its size and whether a later restart or resize is
     # possible (the local executor then pre-starts standby workers).
     after_start: Callable[[int, bool], None] | None = None
+    # Called with each failed attempt's records (``attempt`` set), once its group is stopped.
+    on_failure: Callable[[list[WorkerFailure]], None] | None = None
 
 
 class Controller:
@@ -250,7 +252,7 @@ class Controller:
             failures = self._hung_workers()
         if failures:
             deadline = time.monotonic() + FAILURE_SETTLE_S
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and not self._all_ended(failures):
                 self._handle(self.group.poll(max(0.0, deadline - time.monotonic())), failures)
             self._on_failure(failures)
             return
@@ -259,6 +261,13 @@ class Controller:
             self._finish()
         elif self._resize_to is not None:
             self._transition(RunState.RESIZING)
+
+    def _all_ended(self, failures: list[WorkerFailure]) -> bool:
+        """Every rank failed or finished: the group has nothing more to say (a rank's failure or
+        completion comes after all its reports), so the settle window can end."""
+        assert self._reports is not None
+        ended = {f.rank for f in failures} | set(self._reports.done)
+        return ended >= set(range(len(self._specs)))
 
     def _hung_workers(self) -> list[WorkerFailure]:
         assert self.group is not None and self.hang_timeout_s is not None
@@ -287,8 +296,8 @@ class Controller:
         from that checkpoint (no failure is counted)."""
         n, self._resize_to = self._resize_to, None
         logger.warning(
-            "resizing the worker group from %d to %d workers (resources returned); resuming from %s",
-            len(self._specs), n, self.checkpoints.latest.path if self.checkpoints.latest else "the start",
+            "resizing the worker group from %d to %d workers (resources returned): restarting as attempt %d from %s",
+            len(self._specs), n, self.attempt + 1, self._resume_point(),
         )
         self._stop_group(graceful=False)
         self._discard_incomplete()
@@ -300,12 +309,21 @@ class Controller:
 
     def _restart(self) -> None:
         self.metrics.truncate(self.checkpoints.latest_metrics_rows)
-        self.attempt += 1
+        failed, self.attempt = self.attempt, self.attempt + 1
         reason = format_failures(self.failures[-1]).splitlines()[0]
-        logger.warning("restarting the worker group (attempt %d) after: %s", self.attempt, reason)
+        limit = self.policy.config.max_failures
+        logger.warning(
+            "attempt %d failed: %s; restarting as attempt %d from %s (failure %d of %s allowed)",
+            failed, reason, self.attempt, self._resume_point(), len(self.failures),
+            "unlimited" if limit == -1 else limit,
+        )
         for cb in self.hooks.callbacks:
             cb.on_restart(self.attempt, reason)
         self._transition(RunState.SCHEDULING)
+
+    def _resume_point(self) -> str:
+        latest = self.checkpoints.latest or self.initial_checkpoint
+        return latest.path.rstrip("/").rsplit("/", 1)[-1] if latest is not None else "the start"
 
     # -- events -----------------------------------------------------------------------------------
     def _handle(self, events: list[Any], failures: list[WorkerFailure]) -> None:
@@ -340,7 +358,7 @@ class Controller:
             if self.scaling is not None and self.scaling.decide(len(self._specs)) == ScalingDecision.GROW:
                 self._resize_to = self.scaling.size_now()
         report = TrainingReport(
-            index=index,
+            index=self._reports.rank0_rows[index] - 1,  # its row in the history (metrics_dataframe)
             metrics=metrics0,
             all_metrics=[by_rank[r].metrics for r in ranks],
             checkpoint=checkpoint,
@@ -351,8 +369,12 @@ class Controller:
         self._out.append(report)
 
     def _on_failure(self, failures: list[WorkerFailure]) -> None:
+        for f in failures:
+            f.attempt = self.attempt
         self.failures.append(failures)
         self._stop_group(graceful=False)
+        if self.hooks.on_failure is not None:
+            self.hooks.on_failure(failures)
         self._discard_incomplete()
         if self.policy.decide(len(self.failures)) == FailureDecision.RESTART:
             self._transition(RunState.RESTARTING)
@@ -371,8 +393,7 @@ class Controller:
                 "committed. Make every rank call report() the same number of times (pass checkpoint=None "
                 "on ranks that have nothing to save)."
             )
-            warnings.warn(msg, RuntimeWarning, stacklevel=2)
-            logger.warning(msg)
+            logger.warning(msg)  # shown once, on the console (progress.console_warnings)
         self._discard_incomplete()
         try:
             self.backend.on_shutdown(self.group, self.backend_config)
@@ -403,4 +424,5 @@ class Controller:
             best_checkpoints=self.checkpoints.best_checkpoints,
             metrics_history=list(rows),
             filesystem=self.storage.fs,
+            failures=[f for attempt in self.failures for f in attempt],
         )

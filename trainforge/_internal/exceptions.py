@@ -50,7 +50,9 @@ class WorkerFailure:
     """What went wrong in one worker.
 
     ``kind`` is "exception" (the train loop raised), "died" (the process exited without saying why:
-    os._exit, SIGKILL, segfault), or "hung" (alive but silent past the hang timeout).
+    os._exit, SIGKILL, segfault), or "hung" (alive but silent past the hang timeout). ``attempt`` is
+    the attempt it happened in, numbered as ``get_context().get_attempt()`` (0 for the first, n after
+    n restarts or resizes); the driver sets it when it handles the failure.
     """
 
     rank: int
@@ -62,9 +64,12 @@ class WorkerFailure:
     exit_code: int | None = None
     log_tail: str = ""
     time: float = 0.0
+    attempt: int | None = None
 
     def exit_description(self) -> str:
         if self.exit_code is None:
+            if self.kind == "died" and self.message:  # no exit status (a Ray actor): the reason given
+                return self.message
             return "still running"
         if self.exit_code < 0:
             try:
@@ -127,8 +132,9 @@ def _indent(text: str, prefix: str = "    ") -> str:
 class TrainingFailedError(TrainforgeError):
     """Training failed and was not (or no longer) retried.
 
-    ``failures`` holds one list of :class:`WorkerFailure` per attempt, oldest first; the message
-    names every attempt's failure, the root cause of each first.
+    ``failures`` holds one list of :class:`WorkerFailure` per failed attempt, oldest first; the
+    message names every attempt's failure, the root cause of each first, as ``[attempt N]`` with N
+    numbered as ``get_context().get_attempt()`` (0 for the first attempt).
     """
 
     def __init__(self, message: str, failures: list[list[WorkerFailure]] | None = None):
@@ -146,6 +152,7 @@ class TrainingFailedError(TrainforgeError):
                 "every attempt's failure, oldest first:"
             )
             for i, attempt in enumerate(attempts):
-                lines.append(f"[attempt {i + 1}] " + format_failures(attempt))
+                number = attempt[0].attempt if attempt and attempt[0].attempt is not None else i
+                lines.append(f"[attempt {number}] " + format_failures(attempt))
         return cls("\n".join(lines), attempts)
 

@@ -1,13 +1,57 @@
 """The default console output of a run (``RunConfig.verbose``): where results go, worker start-up,
-rank-0 metrics at most once a second (every report with verbose=2), restarts, and the outcome."""
+rank-0 metrics at most once a second (every report with verbose=2), warnings, and the outcome.
+
+Every line starts ``trainforge: ``. Warnings (waiting for resources, restarts, resizes, storage
+retries, unequal report counts, ...) are records of the ``trainforge`` logger: the package gives it
+only a ``NullHandler`` (a library does not configure logging), and :func:`console_warnings` shows
+them as console lines while a run goes — in the driver with ``verbose >= 1``, and in each worker
+while its loop runs (there they land in ``logs/rank_N.log`` and on the driver with the rank prefix).
+An application that configures logging also gets the records through its own handlers.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from trainforge._internal.callback import Callback
+
+
+def console(text: str) -> None:
+    """Print one console line of trainforge's: ``trainforge: {text}`` on stderr."""
+    print(f"trainforge: {text}", file=sys.stderr, flush=True)
+
+
+class ConsoleHandler(logging.Handler):
+    """Shows WARNING and higher records as console lines (:func:`console`)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            console(record.getMessage())
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def console_warnings(enabled: bool = True) -> Iterator[None]:
+    """While inside, the ``trainforge`` logger's warnings are printed as console lines (once each)."""
+    if not enabled:
+        yield
+        return
+    logger = logging.getLogger("trainforge")
+    handler = ConsoleHandler()
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 def _fmt(value: Any) -> str:
@@ -31,7 +75,7 @@ class ProgressReporter(Callback):
         self._t0 = time.monotonic()
 
     def _print(self, text: str) -> None:
-        print(f"trainforge: {text}", file=sys.stderr, flush=True)
+        console(text)
 
     def on_run_start(self, run_path: str, num_workers: Any) -> None:
         self._t0 = time.monotonic()
@@ -48,13 +92,12 @@ class ProgressReporter(Callback):
     def _show(self, report: Any) -> None:
         self._last_print = time.monotonic()
         self._pending = None
-        text = f"[report {report.index}] {format_metrics(report.metrics)}"
+        # The report's row in metrics_dataframe; after a restart, also the attempt (get_attempt()).
+        label = f"report {report.index}" + (f", attempt {report.attempt}" if report.attempt else "")
+        text = f"[{label}] {format_metrics(report.metrics)}"
         if report.checkpoint is not None:
             text += f" (checkpoint {report.checkpoint.path.rstrip('/').rsplit('/', 1)[-1]})"
         self._print(text)
-
-    def on_restart(self, attempt: int, reason: str) -> None:
-        self._print(f"restart {attempt}: {reason}")
 
     def on_run_end(self, result: Any) -> None:
         if self._pending is not None:

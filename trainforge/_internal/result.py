@@ -8,12 +8,18 @@ from typing import Any
 
 from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.config import CheckpointConfig
+from trainforge._internal.exceptions import WorkerFailure
 
 
 @dataclass
 class TrainingReport:
     """One report that every rank has made. ``metrics`` is rank 0's; ``all_metrics[r]`` is rank r's;
-    ``checkpoint`` is the committed checkpoint of this report, if any rank passed one."""
+    ``checkpoint`` is the committed checkpoint of this report, if any rank passed one.
+
+    ``index`` is the report's row in ``Result.metrics_dataframe`` (and the ``[report N]`` of the
+    console): the history continues across restarts from the latest checkpoint, so a report redone
+    after a restart has the number of the one it replaces. ``attempt`` is the attempt that made it,
+    as ``get_context().get_attempt()`` (0 for the first; n after n restarts or resizes)."""
 
     index: int
     metrics: dict[str, Any]
@@ -30,6 +36,11 @@ class Result:
     order (pandas). ``checkpoint``: the latest committed checkpoint. ``best_checkpoints``: the
     checkpoints kept by ``CheckpointConfig`` with their metrics, in the order they were reported.
     ``path``: the run directory. ``error``: the exception that ended the run, or None.
+    :meth:`get_best_checkpoint` picks one of ``best_checkpoints`` by a reported metric.
+
+    ``failures`` (trainforge extension): every worker failure of the run, oldest first, those it
+    recovered from included, as :class:`WorkerFailure` records whose ``attempt`` says in which attempt
+    (as ``get_context().get_attempt()``) it happened; also kept in ``run_state.json`` (``"failures"``).
     """
 
     metrics: dict[str, Any] | None
@@ -39,6 +50,7 @@ class Result:
     best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = field(default_factory=list)
     metrics_history: list[dict[str, Any]] = field(default_factory=list, repr=False)
     filesystem: Any = field(default=None, repr=False)
+    failures: list[WorkerFailure] = field(default_factory=list, repr=False)
 
     @property
     def metrics_dataframe(self) -> Any:
@@ -46,11 +58,39 @@ class Result:
 
         return pd.DataFrame(self.metrics_history)
 
+    def get_best_checkpoint(self, metric: str, mode: str) -> Checkpoint | None:
+        """The checkpoint of ``best_checkpoints`` whose reported ``metric`` is the highest
+        (``mode="max"``) or lowest (``mode="min"``); the first one reported on a tie.
+
+        ``metric`` is a key of the reported metrics; ``"a/b"`` also finds a nested ``{"a": {"b": ...}}``
+        (as Ray Train). Checkpoints whose metrics lack it (or hold None) are skipped; if none has it,
+        ValueError names the metrics they have. Returns None when the run committed no checkpoint
+        (Ray Train raises RuntimeError there).
+
+        Example::
+
+            best = result.get_best_checkpoint(metric="val_loss", mode="min")
+        """
+        if mode not in ("max", "min"):
+            raise ValueError(f"Result.get_best_checkpoint(mode={mode!r}): mode must be 'max' or 'min'.")
+        if not self.best_checkpoints:
+            return None
+        scored = [(c, v) for c, m in self.best_checkpoints if (v := _lookup(m, metric)) is not None]
+        if not scored:
+            names = sorted({k for _, m in self.best_checkpoints for k in _flat_keys(m)})
+            raise ValueError(
+                f"Result.get_best_checkpoint(metric={metric!r}): none of the {len(self.best_checkpoints)} "
+                f"checkpoints was reported with metric {metric!r}. Metrics reported with them: {names}."
+            )
+        pick = max if mode == "max" else min
+        return pick(scored, key=lambda item: item[1])[0]
+
     @classmethod
     def from_path(cls, path: str, storage_filesystem: Any = None) -> Result:
         """Rebuild the Result of a run from its directory (local path or fsspec URL)."""
         from trainforge._internal.checkpoint_manager import CheckpointManager
         from trainforge._internal.exceptions import TrainingFailedError
+        from trainforge._internal.failure_log import failure_from_json, group_by_attempt
         from trainforge._internal.metrics_log import MetricsLog
         from trainforge._internal.storage import RUN_STATE_FILE, StorageContext
 
@@ -66,7 +106,8 @@ class Result:
         manager = CheckpointManager(CheckpointConfig(**state.get("checkpoint_config", {})))
         manager.load(storage.list_checkpoints())
         history = MetricsLog(storage).rows
-        error = TrainingFailedError(state["error"]) if state.get("error") else None
+        failures = [failure_from_json(f) for f in state.get("failures", [])]
+        error = TrainingFailedError(state["error"], group_by_attempt(failures)) if state.get("error") else None
         return cls(
             metrics=history[-1] if history else None,
             checkpoint=manager.latest,
@@ -75,4 +116,27 @@ class Result:
             best_checkpoints=manager.best_checkpoints,
             metrics_history=history,
             filesystem=storage.fs,
+            failures=failures,
         )
+
+
+def _lookup(metrics: dict[str, Any], metric: str) -> Any:
+    """``metrics[metric]``, or the nested value at ``"a/b"``; None when absent."""
+    if metric in metrics:
+        return metrics[metric]
+    value: Any = metrics
+    for part in metric.split("/"):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _flat_keys(metrics: dict[str, Any], prefix: str = "") -> list[str]:
+    """Every metric name ``_lookup`` finds: top-level keys, nested ones as ``"a/b"``."""
+    out = []
+    for key, value in metrics.items():
+        out.append(prefix + str(key))
+        if isinstance(value, dict):
+            out += _flat_keys(value, f"{prefix}{key}/")
+    return out

@@ -6,14 +6,18 @@ Layout of a run directory ``{storage_path}/{name}/`` (a local path or any fsspec
     run_state.json              trainer/config summary, status, error (rewritten as the run progresses)
     metrics.jsonl               every report of rank 0, one JSON object per line, in order
     checkpoint_000000/          a committed checkpoint: files of every rank that reported one, merged
+        .metadata.json                the checkpoint's metadata, under it the trainer's ``metadata=``
         .trainforge_checkpoint.json   the commit marker, written last (index, metrics, time, ranks)
     .staging/a{attempt}_r{report}/rank_{rank}/   files a rank staged, waiting for the other ranks
+                                (``.staging/`` is removed at the end of a run when empty)
     logs/rank_{rank}.log        each worker's stdout and stderr (uploaded at the end on remote storage)
+    logs/rank_{rank}.stack      a local worker's thread stacks, dumped when it was found hung (only then)
 
 Commit protocol: each rank copies its checkpoint files into its own staging directory (inside
 ``report()``, or from the rank's background uploader with ``CheckpointUploadMode.ASYNC``) and tells
 the driver. When every rank has made that report, the driver merges the rank directories into
-``checkpoint_NNNNNN`` (for a file that several ranks wrote, the lowest rank's copy wins), writes the
+``checkpoint_NNNNNN`` (for a file that several ranks wrote, the lowest rank's copy wins), adds the
+trainer's metadata to the checkpoint's ``.metadata.json`` (keys the workers set win), writes the
 commit marker, and only then removes the staging directory. On local disk the merge renames files;
 on other filesystems it is one listing of the staging directory and one batch of copies inside the
 filesystem (server-side ``CopyObject`` on S3: no data passes through the driver), then one batched
@@ -34,9 +38,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trainforge._internal.checkpoint import Checkpoint, _is_local_fs
+from trainforge._internal.checkpoint import METADATA_FILE, Checkpoint, _is_local_fs
 from trainforge._internal.exceptions import StorageError
-from trainforge._internal.retry import display_url, retry_call
+from trainforge._internal.retry import display_url, is_transient, retry_call
 
 COMMIT_MARKER = ".trainforge_checkpoint.json"
 STAGING_DIR = ".staging"
@@ -71,6 +75,22 @@ def _jsonable(value: Any) -> Any:
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, default=_jsonable)
+
+
+def _copy_tree(src: str, dest: str) -> None:
+    """Copy the files under ``src`` into ``dest`` (merging with what is there). Directories and files
+    get the default permissions (0o777 / 0o666 less the umask): ``shutil.copytree`` would give the
+    checkpoint the 0o700 of the temporary directory the user wrote it in."""
+
+    def fail(exc: OSError) -> None:
+        raise exc
+
+    for dirpath, _dirnames, filenames in os.walk(src, onerror=fail, followlinks=True):
+        rel = os.path.relpath(dirpath, src)
+        target = dest if rel == "." else os.path.join(dest, rel)
+        os.makedirs(target, exist_ok=True)
+        for name in filenames:
+            shutil.copyfile(os.path.join(dirpath, name), os.path.join(target, name))
 
 
 def resolve_filesystem(storage_path: str, filesystem: Any = None) -> tuple[Any, str]:
@@ -111,9 +131,17 @@ class StorageContext:
     """A run's directory and the operations the driver and the workers do on it. Picklable (with its
     filesystem: s3fs and the other fsspec filesystems pickle their constructor arguments)."""
 
-    def __init__(self, storage_path: str, name: str, filesystem: Any = None):
+    def __init__(
+        self,
+        storage_path: str,
+        name: str,
+        filesystem: Any = None,
+        trainer_metadata: dict[str, Any] | None = None,
+    ):
         self.storage_path = storage_path
         self.name = name
+        # DataParallelTrainer(metadata=...): merged into the metadata of every committed checkpoint.
+        self.trainer_metadata = dict(trainer_metadata or {})
         self.fs, root = resolve_filesystem(storage_path, filesystem)
         self.run_path = self._join(root, name)
 
@@ -243,23 +271,54 @@ class StorageContext:
         """Create the run directory, prove it is writable, and remove an interrupted run's leftovers.
 
         A storage path that cannot be written is a configuration mistake found before any worker
-        starts: it raises ValueError naming ``storage_path``, the storage error and what to do."""
+        starts: it raises ValueError naming ``storage_path``, what failed and why, and what to do."""
         probe = self.path(".write_test")
 
-        def probe_write() -> None:
+        def create() -> None:
             self._makedirs(self.run_path)
             self._makedirs(self.path(STAGING_DIR))
+
+        def probe_write() -> None:
             self._write(probe, b"ok")
             self._rm(probe)
 
-        try:
-            self._do("prepare", self.run_path, probe_write)
-        except StorageError as exc:
-            raise ValueError(
-                f"RunConfig.storage_path={self.storage_path!r} cannot be written. {exc} Use a location "
-                "you can write to."
-            ) from exc.__cause__
+        for what, step in (("create", create), ("write a file in", probe_write)):
+            try:
+                self._do("prepare", self.run_path, step)
+            except StorageError as exc:
+                cause = exc.__cause__
+                if cause is None or is_transient(cause):  # unreachable: its own message says what to do
+                    detail = str(exc)
+                else:
+                    detail = (
+                        f"could not {what} the run directory {self.url()}: {type(cause).__name__}: {cause}. "
+                        f"To fix: {self._prepare_hint(cause)}."
+                    )
+                raise ValueError(f"RunConfig.storage_path={self.storage_path!r} cannot be written: {detail}") from cause
         self.remove_uncommitted()
+
+    def _prepare_hint(self, exc: BaseException) -> str:
+        """What to do when the run directory cannot be created or written at the start of a run."""
+        elsewhere = "choose a location you can write to for RunConfig.storage_path"
+        if self.fs is not None:
+            if isinstance(exc, FileNotFoundError) and not self._has_dirs:
+                return f"the bucket must exist: create it first (trainforge never creates buckets), or {elsewhere}"
+            if isinstance(exc, PermissionError) or "Credentials" in type(exc).__name__:
+                return (
+                    "check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or those given to "
+                    f"RunConfig.storage_filesystem) and that they allow writing there, or {elsewhere}"
+                )
+            return f"check RunConfig.storage_path and RunConfig.storage_filesystem, or {elsewhere}"
+        existing = self.run_path
+        while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            return f"{existing!r} is a file, not a directory: move it away, or {elsewhere}"
+        if isinstance(exc, PermissionError):
+            return f"you may not create files in {existing!r}: {elsewhere}, or get write access to it"
+        if isinstance(exc, FileNotFoundError):
+            return f"directories cannot be created in {existing!r}: {elsewhere}"
+        return elsewhere
 
     def local_log_dir(self) -> str:
         """A local directory for per-rank log files (the run directory itself on local storage)."""
@@ -312,6 +371,8 @@ class StorageContext:
         else:
             plan = self._do(op, staged, self._merge_plan, staged, ranks)
             self._do(op, final, self._place, plan, final)
+        if self.trainer_metadata:
+            self._do(op, final, self._merge_trainer_metadata, final)
         marker = {
             "index": seq,
             "report_index": report_index,
@@ -325,6 +386,15 @@ class StorageContext:
         self._do(op, marker_path, self._write, marker_path, dumps(marker).encode())
         self._do(op, staged, self._rm, staged)
         return self.checkpoint(final)
+
+    def _merge_trainer_metadata(self, final: str) -> None:
+        """Write the trainer's metadata under the checkpoint's own (a key a worker set wins)."""
+        path = self._join(final, METADATA_FILE)
+        data = self._read(path)
+        own = json.loads(data) if data else {}
+        merged = {**self.trainer_metadata, **own}
+        if merged != own:
+            self._write(path, dumps(merged).encode())
 
     def _merge_plan(self, staged: str, ranks: list[int]) -> dict[str, str]:
         """{relative path in the checkpoint: staged source file}; the lowest rank's copy wins."""
@@ -350,6 +420,18 @@ class StorageContext:
                     os.replace(src, targets[rel])
         elif plan:
             self.fs.copy(list(plan.values()), [targets[rel] for rel in plan])
+
+    def remove_staging_if_empty(self) -> None:
+        """At the end of a run: remove ``.staging/`` unless something is left in it (an interrupted
+        commit's files, which the next run on this directory removes)."""
+        staging = self.path(STAGING_DIR)
+        if self.fs is None:
+            try:
+                os.rmdir(staging)
+            except OSError:  # not empty, or not there
+                pass
+        elif self._has_dirs and not self._do("remove_staging", staging, self._listdir, staging):
+            self._do("remove_staging", staging, self._rm, staging)
 
     def discard_staged(self, attempt: int, report_index: int) -> None:
         path = self.staging_path(attempt, report_index)
@@ -393,8 +475,7 @@ class StorageContext:
         """Copy a rank's checkpoint files into its staging directory (an upload on remote storage)."""
         dest = self.staging_path(attempt, report_index, rank)
         if self.fs is None:
-            copy = functools.partial(shutil.copytree, dirs_exist_ok=True)
-            self._do("stage_checkpoint", dest, copy, local_dir, dest)
+            self._do("stage_checkpoint", dest, _copy_tree, local_dir, dest)
         else:
             put = functools.partial(self.fs.put, recursive=True)
             self._do("stage_checkpoint", dest, put, local_dir.rstrip("/") + "/", dest + "/")

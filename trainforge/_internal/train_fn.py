@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainforge._internal.checkpoint import Checkpoint
+from trainforge._internal.progress import console_warnings
 from trainforge._internal.session import Session, TrainContext, _set_session
 
 
@@ -69,6 +70,13 @@ class TrainPayload:
 def run_train_payload(blob: bytes, send: Callable[[tuple], None]) -> int:
     """Run a train loop in this worker process; return how many times it reported. Returns (or
     raises) only once the rank's pending asynchronous checkpoint uploads are done."""
+    # trainforge's warnings in this worker (storage retries, prepare_data_loader) go to its stderr,
+    # i.e. to logs/rank_N.log and to the driver's console with the rank prefix.
+    with console_warnings():
+        return _run_train_payload(blob, send)
+
+
+def _run_train_payload(blob: bytes, send: Callable[[tuple], None]) -> int:
     import cloudpickle
 
     payload: TrainPayload = cloudpickle.loads(blob)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import functools
+import json
 import logging
 import os
 import secrets
@@ -17,10 +19,11 @@ from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.checkpoint_manager import CheckpointManager
 from trainforge._internal.config import RunConfig, ScalingConfig
 from trainforge._internal.controller import Controller, ControllerHooks
-from trainforge._internal.exceptions import StorageError
+from trainforge._internal.exceptions import StorageError, WorkerFailure
+from trainforge._internal.failure_log import failures_to_json, mark_rank_logs
 from trainforge._internal.failure_policy import FailurePolicy
 from trainforge._internal.metrics_log import MetricsLog
-from trainforge._internal.progress import ProgressReporter
+from trainforge._internal.progress import ProgressReporter, console, console_warnings
 from trainforge._internal.result import Result, TrainingReport
 from trainforge._internal.session import TrainContext
 from trainforge._internal.storage import RUN_STATE_FILE, StorageContext, dumps
@@ -108,6 +111,11 @@ class DataParallelTrainer:
             train_loop, train_loop_config={"epochs": 2}, scaling_config=ScalingConfig(num_workers=2)
         ).fit()
 
+    ``metadata``: a JSON-serializable dict, available on the workers as
+    ``get_context().get_metadata()`` and merged into ``get_metadata()`` of every checkpoint this run
+    commits (on any storage, and after ``restore()``); a key that a worker set on the checkpoint
+    itself (``checkpoint.set_metadata`` / ``update_metadata``) wins over the trainer's.
+
     ``worker_init_fn`` (trainforge extension): a function of no arguments run in every worker
     process before the backend starts and before the loop (set environment variables, seed RNGs).
     """
@@ -150,7 +158,13 @@ class DataParallelTrainer:
         self._datasets_to_split = _datasets_to_split(dataset_config)
         if metadata is not None and not isinstance(metadata, dict):
             raise TypeError(f"metadata={metadata!r} must be a dict (or None).")
-        self.metadata = metadata or {}
+        try:
+            self.metadata = json.loads(json.dumps(metadata or {}))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"metadata={metadata!r} must be JSON-serializable (it is saved in every checkpoint's "
+                f"metadata): {exc}. Pass strings, numbers, booleans, None, lists and dicts of them."
+            ) from exc
         if resume_from_checkpoint is not None and not isinstance(resume_from_checkpoint, Checkpoint):
             raise TypeError(
                 f"resume_from_checkpoint={resume_from_checkpoint!r} must be a trainforge.Checkpoint "
@@ -170,10 +184,16 @@ class DataParallelTrainer:
     # -- public -----------------------------------------------------------------------------------
     def fit(self) -> Result:
         """Run training to the end. Raises :class:`TrainingFailedError` if the workers failed more
-        often than ``FailureConfig.max_failures`` allows; otherwise returns the :class:`Result`."""
+        often than ``FailureConfig.max_failures`` allows; otherwise returns the :class:`Result`.
+        Ctrl-C stops every worker, prints one line naming the run directory, and raises
+        ``KeyboardInterrupt`` (resume with :meth:`restore`)."""
         run = self.fit_iter()
-        for _ in run:
-            pass
+        try:
+            for _ in run:
+                pass
+        except KeyboardInterrupt as exc:
+            # The workers are stopped; the traceback starts here, not deep inside the run's loop.
+            raise exc.with_traceback(None) from None
         assert run.result is not None
         if run.result.error is not None:
             raise run.result.error
@@ -238,11 +258,19 @@ class DataParallelTrainer:
         name = rc.name or (
             f"{type(self).__name__}_{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}_{secrets.token_hex(2)}"
         )
-        storage = StorageContext(rc.storage_path or default_storage_path(), name, rc.storage_filesystem)
+        storage = StorageContext(
+            rc.storage_path or default_storage_path(), name, rc.storage_filesystem, trainer_metadata=self.metadata
+        )
         storage.prepare()
         return storage
 
-    def _save_state(self, storage: StorageContext, status: str, error: BaseException | None = None) -> None:
+    def _save_state(
+        self,
+        storage: StorageContext,
+        status: str,
+        error: BaseException | None = None,
+        failures: list[list[WorkerFailure]] | None = None,
+    ) -> None:
         cc = self.run_config.checkpoint_config
         assert cc is not None
         state = {
@@ -255,19 +283,49 @@ class DataParallelTrainer:
                 "checkpoint_score_order": cc.checkpoint_score_order,
             },
             "error": str(error) if error is not None else None,
+            "failures": failures_to_json(failures or []),  # those the run recovered from too
             "time": time.time(),
         }
         storage.write_text(RUN_STATE_FILE, dumps(state))
 
-    def _save_trainer(self, storage: StorageContext) -> None:
+    def _save_trainer(self, storage: StorageContext) -> bool:
+        """Save the trainer for :meth:`restore`; False if it cannot be pickled."""
         import cloudpickle
 
         try:
             blob = cloudpickle.dumps(self._constructor_state())
         except Exception as exc:  # an unpicklable config: the run still works, restore will not
             logger.warning("the trainer cannot be saved for restore(): %s", exc)
-            return
+            return False
         storage.write_bytes(TRAINER_STATE_FILE, blob)
+        return True
+
+    def _record_failures(
+        self, storage: StorageContext, log_dir: str | None, controller: Controller, failures: list[WorkerFailure]
+    ) -> None:
+        """A failed attempt (recovered from or not) is kept in the rank's log and in run_state.json."""
+        mark_rank_logs(log_dir, failures)
+        try:
+            self._save_state(storage, "running", failures=controller.failures)
+        except StorageError as exc:  # the run goes on; the record is also in Result.failures
+            logger.warning("could not record the failure in %s: %s", storage.path(RUN_STATE_FILE), exc)
+
+    def _interrupted(self, storage: StorageContext, controller: Controller, restorable: bool) -> KeyboardInterrupt:
+        """Ctrl-C: one console line saying what was stopped and where the run is; the exception to
+        raise instead of the one from deep inside the controller."""
+        stopped = controller.sizes[-1] if controller.group is not None and controller.sizes else 0
+        latest = controller.checkpoints.latest
+        where = f"run directory: {storage.run_path}"
+        if restorable:
+            where += f" (resume with {type(self).__name__}.restore({storage.run_path!r}))"
+        ckpt = f"latest {latest.path.rstrip('/').rsplit('/', 1)[-1]}" if latest is not None else "no checkpoint"
+        line = (
+            f"interrupted: stopped {stopped} worker(s) of run {storage.name!r} (attempt {controller.attempt}, "
+            f"{len(controller.metrics.rows)} report(s), {ckpt}); {where}"
+        )
+        if self.run_config.verbose:
+            console(line)
+        return KeyboardInterrupt(f"fit() was interrupted; {where}")
 
     def _make_payloads(
         self, storage: StorageContext, executor: Executor
@@ -316,6 +374,11 @@ class DataParallelTrainer:
         return make
 
     def _run(self) -> Generator[TrainingReport, None, Result]:
+        # trainforge's warnings (restarts, storage retries, ...) as console lines while the run goes.
+        with console_warnings(self.run_config.verbose >= 1):
+            return (yield from self._run_steps())
+
+    def _run_steps(self) -> Generator[TrainingReport, None, Result]:
         from trainforge._internal.scaling_policy import ScalingPolicy
 
         rc = self.run_config
@@ -350,24 +413,32 @@ class DataParallelTrainer:
             scaling_policy=ScalingPolicy(self.scaling_config, executor.available, executor.name),
             hang_timeout_s=rc.failure_config.hang_timeout_s,
         )
+        hooks.on_failure = functools.partial(self._record_failures, storage, log_dir, controller)
         self._save_state(storage, "running")
-        self._save_trainer(storage)
+        restorable = self._save_trainer(storage)
         for cb in callbacks:
             cb.on_run_start(storage.run_path, self.scaling_config.num_workers)
         terminate = _TerminateSignal()
         terminate.install()
         status = "interrupted"
+        interrupted = False
         try:
             yield from controller.run_iter()
             status = "errored" if controller.error is not None else "finished"
+        except KeyboardInterrupt:
+            interrupted = True  # raised again below, once the workers are stopped, from here
         finally:
             terminate.restore()
             executor.close()
             try:
                 storage.upload_logs(log_dir)
-                self._save_state(storage, status, controller.error)
+                storage.remove_staging_if_empty()
+                self._save_state(storage, status, controller.error, controller.failures)
             except StorageError as exc:  # never hide the run's own outcome behind this
                 logger.warning("could not save the run's logs/state to %s: %s", storage.run_path, exc)
+        if interrupted:
+            # A short traceback (fit() down to here), not the controller's and selectors' frames.
+            raise self._interrupted(storage, controller, restorable) from None
         result = controller.result()
         for cb in callbacks:
             cb.on_run_end(result)
