@@ -10,6 +10,7 @@ import importlib
 import json
 import os
 import platform
+import signal
 import socket
 import statistics
 import subprocess
@@ -22,6 +23,10 @@ from typing import Any
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
+# For every benchmark that starts Ray: every Ray process binds to 127.0.0.1 (Ray otherwise turns
+# 127.0.0.1 into the machine's address); no token auth between the benchmark's own processes on the
+# loopback interface.
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -196,13 +201,27 @@ def run_script_variant(
         env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
         env.pop("OMP_NUM_THREADS", None)  # the raw driver sets it for its workers; trainforge sets its own
         t = time.time()
+        # Its own process group, killed once it is done: a variant that timed out or crashed leaves no
+        # workers behind to run on beside the next variant (its retry included).
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)  # fmt: skip
+        timed_out = False
         try:
-            proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            return {"error": f"timed out after {timeout_s}s", "output_tail": str(exc.stdout)[-4000:]}
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc.pid)
+                stdout, stderr = proc.communicate()
+        finally:  # also on Ctrl-C, which no longer reaches the variant's own process group
+            _kill_group(proc.pid)
+            proc.wait()
         wall = time.time() - t
+        tail = (stdout + stderr)[-6000:]
+        if timed_out:
+            print(f"  !! {variant} timed out after {timeout_s}s:\n{tail}", file=sys.stderr)
+            return {"error": f"timed out after {timeout_s}s", "output_tail": tail}
         if proc.returncode != 0 or not os.path.exists(out):
-            tail = (proc.stdout + proc.stderr)[-6000:]
             print(f"  !! {variant} failed (exit {proc.returncode}):\n{tail}", file=sys.stderr)
             return {"error": f"exit code {proc.returncode}", "output_tail": tail}
         with open(out) as f:
@@ -210,6 +229,13 @@ def run_script_variant(
         data["subprocess_wall_s"] = wall
         data["idle_wait_s"] = waited
         return data
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def is_noisy(run: dict, share: float = 0.1) -> bool:

@@ -15,13 +15,16 @@ Measures, for the same small MLP (64->256->256->10, synthetic data, batch 64, SG
 
 Every measurement runs in a fresh driver subprocess (``--variant NAME``), so that no variant benefits
 from imports warmed up by another; variants alternate (raw, trainforge, raw, ...) and the table shows
-medians. Results go to ``bench/results/core.json``. Ray Train is measured too when ``ray.train`` imports.
+medians. Results go to ``bench/results/core.json``. Ray Train is measured too when ``ray.train`` imports,
+over a bounded number of steps and report() calls (``--ray-train-steps``, ``--ray-train-report-calls``):
+each of its reports blocks for ~2 s. A failed run is done once more; failures are printed and kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import importlib.util
 import json
 import os
@@ -36,6 +39,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from _common import (
     BENCH_DIR,
+    RAY_ENV,
     TreeRssSampler,
     finish,
     git_commit,
@@ -67,6 +71,10 @@ LABELS = {"raw": "raw DDP", "trainforge": "trainforge", "ray": "Ray Train"}
 TARGET_FIRST_STEP_RATIO = 1.2  # trainforge / raw, at most
 TARGET_THROUGHPUT_RATIO = 0.98  # trainforge / raw, at least
 TARGET_REPORT_US = 50.0  # at most
+
+# Ray Train's report() blocks for ~2 s (Ray 2.60): its throughput and report() cost variants run this
+# many steps / calls (as bench_ray.py does); the table labels its cells with the count.
+RAY_TRAIN_STEPS, RAY_TRAIN_WARMUP, RAY_TRAIN_REPORT_CALLS = 10, 2, 10
 
 
 # --------------------------------------------------------------------------------------------------
@@ -128,8 +136,14 @@ def _timed_loop(model, opt, loss_fn, batches, steps: int, warmup: int, on_step, 
 # Raw DDP workers (module level so that mp.spawn children can unpickle them).
 # --------------------------------------------------------------------------------------------------
 def _raw_teardown() -> None:
-    # Without the barrier, gloo may abort ("terminate called without an active exception") when one
-    # rank tears down while the other is still connected.
+    """End a raw worker cleanly; the caller has already dropped its DDP model (``del model``).
+
+    DDP's reducer holds the process group: while the model lives, ``destroy_process_group()`` leaves
+    gloo's threads to the interpreter's exit, where they may abort the process with SIGABRT
+    ("terminate called without an active exception") and the repeat is lost. So: model gone (and
+    collected), a barrier (no rank disconnects while the other still uses the group), then destroy.
+    """
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 
@@ -160,6 +174,7 @@ def raw_first_step_worker(rank: int, port: int, out_path: str) -> None:
                 "num_threads": torch.get_num_threads(),
             },
         )
+    del model, opt, loss
     _raw_teardown()
 
 
@@ -172,6 +187,7 @@ def raw_throughput_worker(rank: int, port: int, out_path: str, steps: int, warmu
     )
     if rank == 0:
         _write_json(out_path, {**timing, "num_threads": torch.get_num_threads()})
+    del model, opt
     _raw_teardown()
 
 
@@ -188,6 +204,17 @@ def _train_api(framework: str):
     return train, prepare_model
 
 
+def _fw_result(train, config: dict, rank: int, metrics: dict) -> None:
+    """Rank 0 writes its figures to ``config["out_dir"]`` for the driver, then every rank reports them.
+
+    The driver reads the file, not ``Result.metrics``: Ray Train 2.x keeps no metrics-only reports
+    (its ``Result.metrics`` is ``None`` for a run without checkpoints).
+    """
+    if rank == 0:
+        _write_json(os.path.join(config["out_dir"], "rank0.json"), metrics)
+    train.report(metrics)
+
+
 def fw_first_step_loop(config: dict) -> None:
     t_entry = time.time()
     t_proc = proc_start_wall()
@@ -201,7 +228,10 @@ def fw_first_step_loop(config: dict) -> None:
     t_model = time.time()
     loss = train_step(model, opt, loss_fn, batches[0])
     t_step = time.time()
-    train.report(
+    _fw_result(
+        train,
+        config,
+        rank,
         {
             "first_step_t": t_step,
             "t_proc": t_proc,
@@ -212,7 +242,7 @@ def fw_first_step_loop(config: dict) -> None:
             "rank": rank,
             "ddp": isinstance(model, DistributedDataParallel),
             "num_threads": torch.get_num_threads(),
-        }
+        },
     )
 
 
@@ -231,16 +261,21 @@ def fw_throughput_loop(config: dict) -> None:
             in_report[0] += time.perf_counter() - t
 
     timing = _timed_loop(
-        model, opt, nn.CrossEntropyLoss(), make_batches(rank), config["steps"], config["warmup"], on_step
-    )
-    train.report(
+        model, opt, nn.CrossEntropyLoss(), make_batches(rank), config["steps"], config["warmup"], on_step,
+        chunks=min(10, config["steps"]),
+    )  # fmt: skip
+    _fw_result(
+        train,
+        config,
+        rank,
         {
             **timing,
+            "steps": config["steps"],
             "report_share": in_report[0] * timing["steps_per_s"] / config["steps"],
             "rank": rank,
             "ddp": isinstance(model, DistributedDataParallel),
             "num_threads": torch.get_num_threads(),
-        }
+        },
     )
 
 
@@ -248,7 +283,7 @@ def fw_report_cost_loop(config: dict) -> None:
     train, _ = _train_api(config["framework"])
     rank = train.get_context().get_world_rank()
     calls, chunk = config["calls"], config["chunk"]
-    for i in range(200):  # warm-up: first calls may start threads, allocate buffers
+    for i in range(config["warmup_calls"]):  # first calls may start threads, allocate buffers
         train.report({"loss": 0.1, "step": i})
     chunks_us = []
     i = 0
@@ -258,13 +293,17 @@ def fw_report_cost_loop(config: dict) -> None:
             train.report({"loss": 0.1, "step": i})
             i += 1
         chunks_us.append((time.perf_counter() - t) / chunk * 1e6)
-    train.report(
+    _fw_result(
+        train,
+        config,
+        rank,
         {
             "report_us": statistics.median(chunks_us),
             "chunks_us": chunks_us,
+            "calls": calls,
             "loop_done_t": time.time(),
             "rank": rank,
-        }
+        },
     )
 
 
@@ -324,8 +363,10 @@ def instrument_trainforge(events: dict[str, float]) -> None:
 
 
 def drive_framework(framework: str, kind: str, args: argparse.Namespace) -> dict:
+    ray_train = framework == "ray"
     t_import = time.time()
-    if framework == "ray":
+    if ray_train:
+        os.environ.update(RAY_ENV)
         import ray.train  # noqa: F401
         from ray.train import RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
@@ -343,13 +384,18 @@ def drive_framework(framework: str, kind: str, args: argparse.Namespace) -> dict
         "throughput": fw_throughput_loop,
         "report_cost": fw_report_cost_loop,
     }[kind]
+    # Ray Train's report() blocks for ~2 s: it runs a bounded number of steps / calls (see NOTES).
+    calls = args.ray_train_report_calls if ray_train else args.report_calls
     config = {
         "framework": framework,
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "calls": args.report_calls,
-        "chunk": args.report_chunk,
+        "out_dir": os.path.join(args.workdir, "out"),
+        "steps": args.ray_train_steps if ray_train else args.steps,
+        "warmup": args.ray_train_warmup if ray_train else args.warmup,
+        "calls": calls,
+        "chunk": max(1, calls // 2) if ray_train else args.report_chunk,
+        "warmup_calls": 2 if ray_train else 200,
     }
+    os.makedirs(config["out_dir"])
     trainer = TorchTrainer(
         loop,
         train_loop_config=config,
@@ -365,7 +411,11 @@ def drive_framework(framework: str, kind: str, args: argparse.Namespace) -> dict
         t_end = time.time()
     if getattr(result, "error", None) is not None:
         raise RuntimeError(f"{framework} run failed: {result.error!r}")
-    metrics = {k: v for k, v in dict(result.metrics).items() if not isinstance(v, dict)}
+    worker_out = os.path.join(config["out_dir"], "rank0.json")
+    if not os.path.exists(worker_out):
+        raise RuntimeError(f"{framework} run returned but rank 0 did not write {worker_out}")
+    with open(worker_out) as f:
+        metrics = json.load(f)
     out = {
         "t0": t0,
         "t_end": t_end,
@@ -407,6 +457,10 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict:
     extra = [
         "--steps", str(args.steps), "--warmup", str(args.warmup),
         "--report-calls", str(args.report_calls), "--report-chunk", str(args.report_chunk),
+        # bench_recovery.py calls this with a namespace that has no Ray Train options
+        "--ray-train-steps", str(getattr(args, "ray_train_steps", RAY_TRAIN_STEPS)),
+        "--ray-train-warmup", str(getattr(args, "ray_train_warmup", RAY_TRAIN_WARMUP)),
+        "--ray-train-report-calls", str(getattr(args, "ray_train_report_calls", RAY_TRAIN_REPORT_CALLS)),
     ]  # fmt: skip
     return run_script_variant(__file__, variant, extra, args.idle_wait, args.timeout)
 
@@ -442,9 +496,14 @@ def derive(metric: str, run: dict) -> dict:
             "cpu_ms_per_step": m["cpu_ms_per_step"],
             "driver_cpu_s": run.get("driver_cpu_s"),
             "report_share": m.get("report_share"),
+            "steps": m.get("steps"),
         }
     if metric == "report_cost":
-        return {"report_us": m["report_us"], "drain_s": run["t_end"] - m["loop_done_t"]}
+        return {
+            "report_us": m["report_us"],
+            "drain_s": run["t_end"] - m["loop_done_t"],
+            "calls": m.get("calls"),
+        }
     raise ValueError(metric)
 
 
@@ -465,6 +524,12 @@ def summarize(runs: dict[str, list[dict]], frameworks: list[str]) -> dict:
     for name, metric, key in rows:
         summary[name] = {fw: med(fw, metric, key) for fw in frameworks}
     summary["report_drain_s"] = {fw: med(fw, "report_cost", "drain_s") for fw in frameworks}
+    summary["runs_ok"] = {v: (sum("error" not in r for r in rs), len(rs)) for v, rs in runs.items()}
+    # Ray Train runs a bounded number of steps / report() calls; the table says how many.
+    summary["ray_bounded"] = {
+        "steps": med("ray", "throughput", "steps"),
+        "calls": med("ray", "report_cost", "calls"),
+    }
     summary["throughput_best_chunk_steps_per_s"] = {
         fw: med(fw, "throughput", "best_chunk_steps_per_s") for fw in frameworks
     }
@@ -486,6 +551,14 @@ def summarize(runs: dict[str, list[dict]], frameworks: list[str]) -> dict:
     return summary
 
 
+ROW_METRIC = {
+    "first_step_s": "first_step",
+    "steps_per_s": "throughput",
+    "report_us": "report_cost",
+    "peak_rss_mb": "throughput",
+}
+
+
 def table_rows(summary: dict, frameworks: list[str], ray_note: str) -> tuple[list[str], list[list[str]]]:
     def ratio(name: str) -> float | None:
         raw, tf = summary[name].get("raw"), summary[name].get("trainforge")
@@ -494,8 +567,18 @@ def table_rows(summary: dict, frameworks: list[str], ray_note: str) -> tuple[lis
     def status(ok: bool | None) -> str:
         return "-" if ok is None else ("PASS" if ok else "MISS")
 
+    def col(fw: str, name: str, spec: str) -> str:
+        """The median, and how many runs it rests on when some failed (even after their retry)."""
+        text = _fmt(summary[name].get(fw), spec)
+        ok, total = summary["runs_ok"].get(f"{fw}:{ROW_METRIC[name]}", (0, 0))
+        return text + (f" ({ok} of {total} runs)" if ok < total else "")
+
     def ray_col(name: str, spec: str) -> str:
-        return _fmt(summary[name].get("ray"), spec) if "ray" in frameworks else ray_note
+        if "ray" not in frameworks:
+            return ray_note
+        bound = {"steps_per_s": ("steps", "steps"), "report_us": ("calls", "calls")}.get(name)
+        count = summary["ray_bounded"].get(bound[0]) if bound else None
+        return col("ray", name, spec) + (f" ({count:.0f} {bound[1]})" if count is not None else "")
 
     r_fs, r_tp, r_mem = ratio("first_step_s"), ratio("steps_per_s"), ratio("peak_rss_mb")
     rep = summary["report_us"].get("trainforge")
@@ -503,8 +586,8 @@ def table_rows(summary: dict, frameworks: list[str], ray_note: str) -> tuple[lis
     rows = [
         [
             "time to first step (s)",
-            _fmt(summary["first_step_s"].get("raw"), ".2f"),
-            _fmt(summary["first_step_s"].get("trainforge"), ".2f"),
+            col("raw", "first_step_s", ".2f"),
+            col("trainforge", "first_step_s", ".2f"),
             _fmt(r_fs, ".2f") + ("x" if r_fs else ""),
             f"<= {TARGET_FIRST_STEP_RATIO}x raw",
             status(None if r_fs is None else r_fs <= TARGET_FIRST_STEP_RATIO),
@@ -512,26 +595,26 @@ def table_rows(summary: dict, frameworks: list[str], ray_note: str) -> tuple[lis
         ],
         [
             "throughput (steps/s)",
-            _fmt(summary["steps_per_s"].get("raw"), ".0f"),
-            _fmt(summary["steps_per_s"].get("trainforge"), ".0f"),
+            col("raw", "steps_per_s", ".0f"),
+            col("trainforge", "steps_per_s", ".0f"),
             _fmt(r_tp, ".3f") + ("x" if r_tp else ""),
             f">= {TARGET_THROUGHPUT_RATIO}x raw",
             status(None if r_tp is None else r_tp >= TARGET_THROUGHPUT_RATIO),
-            ray_col("steps_per_s", ".0f"),
+            ray_col("steps_per_s", ".2f"),
         ],
         [
             "report() cost (us/call)",
             "n/a",
-            _fmt(rep, ".1f"),
+            col("trainforge", "report_us", ".1f"),
             "-",
             f"<= {TARGET_REPORT_US:.0f} us",
             status(None if rep is None else rep <= TARGET_REPORT_US),
-            ray_col("report_us", ".1f"),
+            ray_col("report_us", ".0f"),
         ],
         [
             "peak RSS, process tree (MB)",
-            _fmt(summary["peak_rss_mb"].get("raw"), ".0f"),
-            _fmt(summary["peak_rss_mb"].get("trainforge"), ".0f"),
+            col("raw", "peak_rss_mb", ".0f"),
+            col("trainforge", "peak_rss_mb", ".0f"),
             _fmt(r_mem, ".2f") + ("x" if r_mem else ""),
             "-",
             "-",
@@ -571,9 +654,30 @@ NOTES = [
     "first step: from just before mp.spawn()/trainer.fit() (after `import torch` in the driver) to rank 0's first "
     "optimizer.step().",
     "throughput: trainforge calls report({'loss', 'step'}) every step; raw DDP only calls loss.item().",
+    "Ray Train runs the same loops (report() every step), but each of its report() calls blocks for ~2 s "
+    "(Ray 2.60): it times a bounded number of steps (--ray-train-steps, after --ray-train-warmup) and of "
+    "report() calls (--ray-train-report-calls), given in its cells; its steps/s is bound by report(). Its "
+    "first step includes starting Ray inside fit(); its workers' figures come from a file rank 0 writes "
+    "(Result.metrics is None without checkpoints).",
     "peak RSS: sum over driver + descendants, sampled every 50 ms during the throughput runs (shared pages of "
     "torch are counted once per process).",
 ]
+
+
+def failure_lines(runs: dict[str, list[dict]], failed_attempts: dict[str, list[dict]]) -> list[str]:
+    """One line per failed run: the error, the last line of its output, and how its retry went."""
+
+    def why(run: dict) -> str:
+        tail = [ln for ln in run.get("output_tail", "").splitlines() if ln.strip()]
+        return run["error"] + (f": {tail[-1].strip()[:160]}" if tail else "")
+
+    lines = []
+    for variant, attempts in failed_attempts.items():
+        for a in attempts:
+            retry = runs[variant][a["repeat"] - 1]
+            outcome = f"failed too ({why(retry)})" if "error" in retry else "ok"
+            lines.append(f"{variant} repeat {a['repeat']}: {why(a)}; its retry: {outcome}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -586,6 +690,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-calls", type=int, default=20_000, help="report() calls timed per worker")
     p.add_argument(
         "--report-chunk", type=int, default=2_000, help="calls per timed chunk (median over chunks)"
+    )
+    p.add_argument(
+        "--ray-train-steps", type=int, default=RAY_TRAIN_STEPS,
+        help="timed steps for Ray Train's throughput (each of its reports blocks for ~2 s)",
+    )  # fmt: skip
+    p.add_argument("--ray-train-warmup", type=int, default=RAY_TRAIN_WARMUP, help="Ray Train's warm-up steps")
+    p.add_argument(
+        "--ray-train-report-calls",
+        type=int,
+        default=RAY_TRAIN_REPORT_CALLS,
+        help="report() calls timed in Ray Train",
     )
     p.add_argument(
         "--frameworks", default="auto", help="comma list of raw,trainforge,ray (default: all available)"
@@ -627,6 +742,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name}: unknown {bad}; choose from {','.join(allowed)}")
 
     runs: dict[str, list[dict]] = {}
+    failed_attempts: dict[str, list[dict]] = {}  # runs that failed and were done again
     for metric in metrics:
         for rep in range(args.repeats):
             for fw in frameworks:  # alternate raw, trainforge, raw, ... to spread noise
@@ -634,7 +750,14 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 variant = f"{fw}:{metric}"
                 print(f"[{rep + 1}/{args.repeats}] {variant} ...", file=sys.stderr, flush=True)
-                runs.setdefault(variant, []).append(run_variant(variant, args))
+                run = run_variant(variant, args)
+                if "error" in run:  # once more, and the failure stays in the output and the JSON
+                    print(
+                        f"  {variant} failed ({run['error']}); running it again", file=sys.stderr, flush=True
+                    )
+                    failed_attempts.setdefault(variant, []).append({"repeat": rep + 1, **run})
+                    run = run_variant(variant, args)
+                runs.setdefault(variant, []).append(run)
 
     summary = summarize(runs, frameworks)
     header, rows = table_rows(summary, frameworks, ray_note)
@@ -646,7 +769,13 @@ def main(argv: list[str] | None = None) -> int:
     if "first_step" in metrics:
         print()
         print(render_phases(summary, frameworks))
-    warning = noise_warning(runs)
+    failures = failure_lines(runs, failed_attempts)
+    if failures:
+        print("\nfailed runs (each is done once more; a median over fewer runs says so in its cell):")
+        print("\n".join(f"- {line}" for line in failures))
+    # Ray's daemons and workers are not reaped children of the driver: their CPU counts as "other
+    # processes" in a Ray Train run's accounting, so the check looks at the other frameworks (as bench_ray.py).
+    warning = noise_warning({v: rs for v, rs in runs.items() if not v.startswith("ray:")})
     if warning:
         print("\n" + warning)
     diag = []
@@ -657,12 +786,14 @@ def main(argv: list[str] | None = None) -> int:
     if "throughput" in metrics:
         best, cpu_step = summary["throughput_best_chunk_steps_per_s"], summary["throughput_cpu_ms_per_step"]
         diag.append("throughput of the fastest tenth of the timed steps (less sensitive to other processes): "
-                    + ", ".join(f"{LABELS[fw]} {_fmt(best.get(fw), '.0f')} steps/s" for fw in frameworks))  # fmt: skip
+                    + ", ".join(f"{LABELS[fw]} {_fmt(best.get(fw), '.2f' if fw == 'ray' else '.0f')} steps/s"
+                       for fw in frameworks))  # fmt: skip
         diag.append("rank-0 worker CPU time per step (all its threads; robust to a busy machine): "
                     + ", ".join(f"{LABELS[fw]} {_fmt(cpu_step.get(fw), '.3f')} ms" for fw in frameworks))  # fmt: skip
-    share = summary["throughput_report_share"].get("trainforge")
-    if share is not None:
-        diag.append(f"share of trainforge's timed steps spent inside report(): {share * 100:.2f}%")
+    shares = {fw: v for fw, v in summary["throughput_report_share"].items() if v is not None}
+    if shares:
+        diag.append("share of the timed steps spent inside report(): "
+                    + ", ".join(f"{LABELS[fw]} {v * 100:.2f}%" for fw, v in shares.items()))  # fmt: skip
     drain = summary["report_drain_s"].get("trainforge")
     if drain is not None:
         diag.append(
@@ -690,6 +821,9 @@ def main(argv: list[str] | None = None) -> int:
                 "warmup": args.warmup,
                 "report_calls": args.report_calls,
                 "report_chunk": args.report_chunk,
+                "ray_train_steps": args.ray_train_steps,
+                "ray_train_warmup": args.ray_train_warmup,
+                "ray_train_report_calls": args.ray_train_report_calls,
                 "world_size": WORLD_SIZE,
                 "backend": "gloo",
                 "model": f"MLP {IN_DIM}-{HIDDEN}-{HIDDEN}-{OUT_DIM}",
@@ -705,6 +839,8 @@ def main(argv: list[str] | None = None) -> int:
             },
             "summary": summary,
             "table": {"header": header, "rows": rows},
+            "failed_attempts": failed_attempts,
+            "failures": failures,
             "runs": {v: [{**r, "derived": derive(v.split(":")[1], r)} for r in rs] for v, rs in runs.items()},
             "notes": NOTES,
         },

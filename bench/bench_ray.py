@@ -49,6 +49,7 @@ import torch
 import torch.nn as nn
 from _common import (
     BENCH_DIR,
+    RAY_ENV,
     TreeRssSampler,
     finish,
     fmt,
@@ -68,9 +69,6 @@ FRAMEWORKS = ("tf_ray", "tf_local", "raw", "ray_train")
 LABELS = {"tf_ray": "trainforge on Ray", "tf_local": "trainforge local", "raw": "raw DDP", "ray_train": "Ray Train"}
 METRICS = ("first_step_cold", "first_step_warm", "throughput", "report_cost", "recovery")
 RAY_FRAMEWORKS = ("tf_ray", "ray_train")
-# Every Ray process binds to 127.0.0.1 (Ray otherwise turns 127.0.0.1 into the machine's address);
-# no token auth between the benchmark's own processes on the loopback interface.
-RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -130,7 +130,11 @@ def recovery_loop(config: dict) -> None:
     loss_fn = nn.CrossEntropyLoss()
     batches = core.make_batches(rank)
     t_model = time.time()
-    for step in range(start, config["steps"]):
+    steady = config["how"].endswith("_steady")
+    every = STEADY_CKPT_EVERY if steady else config["ckpt_every"]
+    # Steady variant: attempt 0 trains until rank 1 dies; the restarted attempt stops soon after.
+    end = (10**9 if attempt == 0 else start + config["steps"]) if steady else config["steps"]
+    for step in range(start, end):
         loss = core.train_step(model, opt, loss_fn, batches[step % len(batches)])
         if step == start and rank == 0 and attempt > 0:
             t_step = time.time()
@@ -139,14 +143,18 @@ def recovery_loop(config: dict) -> None:
                 {"t_proc": t_proc, "t_entry": t_entry, "t_ckpt": t_ckpt, "t_model": t_model, "t_step": t_step,
                  "resumed_from_step": start, "had_checkpoint": checkpoint is not None},
             )  # fmt: skip
-        if (step + 1) % config["ckpt_every"] == 0:
+        if (step + 1) % every == 0:
             _report_checkpoint(train, model, opt, step + 1, loss.item())
-        if attempt == 0 and rank == 1 and step + 1 == config["die_at"]:
+        if steady:
+            dies = (step + 1) % every == 0 and time.time() - t_model >= config["steady_after_s"]
+        else:
+            dies = step + 1 == config["die_at"]
+        if attempt == 0 and rank == 1 and dies:
             # Die only once the last checkpoint is committed: a metrics-only report is sent up to 50 ms
             # late (batching), and a rank that dies before sending it leaves that checkpoint uncommitted.
-            _wait_for_commits(ctx.get_trial_dir(), (step + 1) // config["ckpt_every"])
+            _wait_for_commits(ctx.get_trial_dir(), (step + 1) // every)
             write_json(os.path.join(config["marks"], "death.json"), {"t_death": time.time(), "how": config["how"]})
-            if config["how"] == "sigkill":
+            if config["how"].startswith("sigkill"):
                 os.kill(os.getpid(), signal.SIGKILL)
             os._exit(1)
 
@@ -261,6 +269,8 @@ RECOVERY_PROBES = (
     ("trainforge._internal.controller", "Controller", "_restart"),
     ("trainforge._internal.controller", "Controller", "_schedule"),
     ("trainforge._internal.worker_group.local", "LocalWorkerGroup", "shutdown", _worker_states),
+    ("trainforge._internal.worker_group.local", "LocalWorkerGroup", "_await_and_close"),
+    ("trainforge._internal.worker_group.local", "LocalWorkerGroup", "execute_single"),
     ("trainforge._internal.worker_group.local", "LocalWorkerGroup", "start"),
     ("trainforge._internal.worker_group.local", "LocalWorkerGroup", "_wait_connected"),
     ("trainforge._internal.worker_group.local_pool", "LocalProcessPool", "acquire", _standby),
@@ -280,7 +290,8 @@ def drive_recovery(how: str, args: argparse.Namespace) -> dict:
     )
     marks = os.path.join(args.workdir, "marks")
     os.makedirs(marks)
-    config = {"steps": args.steps, "ckpt_every": args.ckpt_every, "die_at": args.die_at, "how": how, "marks": marks}
+    config = {"steps": args.steps, "ckpt_every": args.ckpt_every, "die_at": args.die_at, "how": how, "marks": marks,
+              "steady_after_s": args.steady_after_s}  # fmt: skip
     trainer = TorchTrainer(
         recovery_loop,
         train_loop_config=config,
@@ -468,6 +479,7 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict:
         return core.run_variant(variant, ns)
     extra = [
         "--steps", str(args.steps), "--ckpt-every", str(args.ckpt_every), "--die-at", str(args.die_at),
+        "--steady-after-s", str(args.steady_after_s),
         "--persist-iters", str(args.persist_iters), "--stall-step-ms", str(args.stall_step_ms),
         "--stall-every", str(args.stall_every), "--stall-checkpoints", str(args.stall_checkpoints),
         "--stall-warmup", str(args.stall_warmup), "--slow-mbps", str(args.slow_mbps),
@@ -475,14 +487,26 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict:
     return run_script_variant(__file__, variant, extra, args.idle_wait, args.timeout)
 
 
+# Recovery variants: how rank 1 dies, and when. "_steady": at the first checkpoint (every
+# STEADY_CKPT_EVERY steps) after --steady-after-s seconds of training, when the standby workers are ready;
+# the others die --die-at steps in, a second or two after the start, while standby workers still import.
+RECOVERY_KINDS = {
+    "exit": "recovery after os._exit(1) early in the run, death -> first step (s)",
+    "sigkill": "recovery after SIGKILL early in the run, death -> first step (s)",
+    "exit_steady": "recovery after os._exit(1) after {steady:g} s (standby ready), death -> first step (s)",
+}
+STEADY_CKPT_EVERY = 500
+
 RECOVERY_PHASES = {
     "death": "rank 1 dies (t = 0)",
     "detected": "failure detected by the driver",
     "failure_handled": "controller handles the failure",
     "old_group_stopped": "old worker group stopped",
+    "old_workers_reaped": "old workers reaped (in the background, meanwhile the next rows)",
     "restart_scheduled": "restart: scheduling the new group",
     "worker_proc_started": "new rank-0 worker process started (< 0: standby)",
     "workers_connected": "new workers connected to the driver",
+    "first_command_done": "rank 0 answered its first command (late if a standby still imports)",
     "process_group_ready": "process group ready",
     "train_fn_sent": "train function sent to workers",
     "loop_entered": "train function entered (rank 0)",
@@ -517,10 +541,12 @@ def derive_recovery(run: dict) -> dict:
         "detected": detected,
         "failure_handled": at("Controller._on_failure", "begin"),
         "old_group_stopped": at("LocalWorkerGroup.shutdown", "end"),
+        "old_workers_reaped": at("LocalWorkerGroup._await_and_close", "end"),
         "restart_scheduled": at("Controller._schedule", "begin"),
         "worker_proc_started": fs["t_proc"] - d,
         "workers_connected": at("LocalWorkerGroup._wait_connected", "end")
         or at("LocalProcessPool.wait_connected", "end"),
+        "first_command_done": at("LocalWorkerGroup.execute_single", "end"),
         "process_group_ready": at("_TorchBackend.on_start", "end"),
         "train_fn_sent": at("LocalWorkerGroup.start_training", "begin"),
         "loop_entered": fs["t_entry"] - d,
@@ -628,7 +654,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         label: {p: median(d.get("phases", {}).get(p) for d in ds) for p in core.PHASE_LABELS}
         for label, ds in (("raw", raw_fs), ("trainforge", tf_fs))
     }
-    for how in ("exit", "sigkill"):
+    for how in RECOVERY_KINDS:
         ds = [derive_recovery(r) for r in runs.get(f"recovery:{how}", [])]
         s[f"recovery_{how}"] = {
             "recovery_s": median(d.get("recovery_s") for d in ds),
@@ -669,7 +695,10 @@ def table_rows(s: dict, args: argparse.Namespace, async_ok: bool) -> tuple[list[
     header = ["metric", "baseline", "trainforge", "ratio", "target", "status"]
     rows = []
     raw = s["raw_cold_start_s"]
-    for how, label in (("exit", "os._exit(1)"), ("sigkill", "SIGKILL")):
+    for how, label in RECOVERY_KINDS.items():
+        if how not in {k.split(":", 1)[1] for k in args.ran_variants if k.startswith("recovery:")}:
+            continue
+        label = label.format(steady=args.steady_after_s)
         v = s[f"recovery_{how}"]["recovery_s"]
         q = ratio(raw, v)
         rows.append([f"recovery after {label}, death -> first step (s)", fmt(raw, ".2f"), fmt(v, ".2f"), r(q),
@@ -697,7 +726,8 @@ def table_rows(s: dict, args: argparse.Namespace, async_ok: bool) -> tuple[list[
 
 
 def render_recovery_phases(s: dict) -> str:
-    header = ["recovery timeline (median s)", "os._exit(1)", "SIGKILL", "tf cold start", "raw cold start"]
+    header = ["recovery timeline (median s)", "os._exit(1)", "SIGKILL", "os._exit(1), steady", "tf cold start",
+              "raw cold start"]  # fmt: skip
     cold_key = {"worker_proc_started": "worker_proc_started", "workers_connected": "workers_connected",
                 "process_group_ready": "process_group_ready", "train_fn_sent": "train_fn_sent",
                 "loop_entered": "loop_entered", "model_ready": "model_ready", "first_step_done": "first_step_done"}  # fmt: skip
@@ -708,6 +738,7 @@ def render_recovery_phases(s: dict) -> str:
             label,
             fmt(s["recovery_exit"]["phases"].get(key), ".3f"),
             fmt(s["recovery_sigkill"]["phases"].get(key), ".3f"),
+            fmt(s["recovery_exit_steady"]["phases"].get(key), ".3f"),
             fmt(s["cold_start_phases"]["trainforge"].get(ck) if ck else None, ".3f"),
             fmt(s["cold_start_phases"]["raw"].get(ck) if ck else None, ".3f"),
         ])
@@ -739,6 +770,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=30, help="recovery: total training steps")
     p.add_argument("--ckpt-every", type=int, default=10, help="recovery: steps between checkpoints")
     p.add_argument("--die-at", type=int, default=15, help="recovery: rank 1 dies after this many steps")
+    p.add_argument("--steady-after-s", type=float, default=12.0,
+                   help="recovery, steady variant: rank 1 dies at the first checkpoint after this many seconds of "
+                        "training (the standby workers have long finished their imports)")  # fmt: skip
     p.add_argument("--persist-iters", type=int, default=5, help="persist: measurements per size in one run")
     p.add_argument("--stall-step-ms", type=float, default=20.0, help="stall: length of one compute step")
     p.add_argument("--stall-every", type=int, default=50, help="stall: steps between checkpoints")
@@ -752,6 +786,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--noisy-retries", type=int, default=2,
         help="run a variant again (up to this many times) when other processes took >10%% as much CPU as it",
+    )  # fmt: skip
+    p.add_argument(
+        "--variants", default="",
+        help="only these variants of the chosen parts (comma list, e.g. recovery:exit,recovery:sigkill for a "
+             "quick recovery-only run); all by default",
     )  # fmt: skip
     p.add_argument("--variant", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -770,11 +809,19 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--die-at must be after the first checkpoint (> --ckpt-every) and before --steps")
     async_ok = upload_mode_supported()
     variants = {
-        "recovery": ["raw:first_step", "recovery:exit", "trainforge:first_step", "recovery:sigkill"],
+        "recovery": ["raw:first_step", "recovery:exit", "trainforge:first_step", "recovery:sigkill",
+                     "recovery:exit_steady"],
         "persist": ["persist"],
         "stall": [f"stall:{mode}:{storage}" for storage in STORAGES for mode in UPLOAD_MODES
                   if async_ok or mode == "SYNC"],  # fmt: skip
     }
+    only = {x.strip() for x in args.variants.split(",") if x.strip()}
+    known = {v for part in parts for v in variants[part]}
+    if only - known:
+        p.error(f"--variants: unknown {sorted(only - known)}; choose from {','.join(sorted(known))}")
+    if only:
+        variants = {part: [v for v in vs if v in only] for part, vs in variants.items()}
+    args.ran_variants = [v for part in parts for v in variants[part]]
     runs: dict[str, list[dict]] = {}
     discarded: dict[str, list[dict]] = {}  # runs redone because other processes used the CPUs meanwhile
     for part in parts:
@@ -810,8 +857,10 @@ def main(argv: list[str] | None = None) -> int:
 
     diag = []
     if "recovery" in parts:
-        for how in ("exit", "sigkill"):
+        for how in RECOVERY_KINDS:
             ds = [derive_recovery(r) for r in runs.get(f"recovery:{how}", [])]
+            if not ds:
+                continue
             firsts = [
                 ", ".join(f"rank {f['rank']} {f['kind']} (exit {f['exit_code']})" for f in d["failures"])
                 for d in ds if d.get("failures")
