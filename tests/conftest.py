@@ -36,6 +36,7 @@ class RayHarness:
         import ray
 
         ray.init(
+            address="local",  # a new instance, whatever a leftover ray_current_cluster file names
             num_cpus=RAY_CPUS,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",

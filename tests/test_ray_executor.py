@@ -7,8 +7,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -66,6 +69,7 @@ def test_library_never_imports_ray_train_tune_air():
 
 _DRIVER = """
 import sys
+import tempfile
 import trainforge as train
 from trainforge import DataParallelTrainer, RunConfig, ScalingConfig
 
@@ -99,15 +103,50 @@ def test_ray_address_selects_ray_and_nothing_imports_ray_train(ray_single, tmp_p
 
 
 @pytest.mark.slow
-def test_executor_ray_without_a_cluster_starts_ray(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _DRIVER, str(tmp_path), "ray"], capture_output=True, text=True, timeout=240, env=env,
-        cwd=REPO,
-    )  # fmt: skip
+def _dead_address() -> str:
+    """127.0.0.1:PORT where nothing listens (a port the OS just handed out and took back)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("address_file", ["none", "stale"])
+def test_executor_ray_without_a_cluster_starts_ray(tmp_path, address_file):
+    """No $RAY_ADDRESS: a local Ray instance starts, also when Ray's address file was left behind by a
+    cluster that is gone (plain ``ray.init()`` would retry the dead address for minutes)."""
+    ray_tmp = tempfile.mkdtemp(prefix="tfray", dir="/tmp")  # short: Ray's socket paths live under it
+    try:
+        if address_file == "stale":
+            os.makedirs(os.path.join(ray_tmp, "ray"))
+            with open(os.path.join(ray_tmp, "ray", "ray_current_cluster"), "w") as f:
+                f.write(_dead_address())
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env["RAY_TMPDIR"] = ray_tmp
+        proc = subprocess.run(
+            [sys.executable, "-c", _DRIVER, str(tmp_path), "ray"], capture_output=True, text=True, timeout=240,
+            env=env, cwd=REPO,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "EXECUTOR=ray" in proc.stdout and "FORBIDDEN=\n" in proc.stdout
     assert "Started a local Ray instance" in proc.stderr
+
+
+def test_stale_ray_address_is_one_nobody_listens_on(tmp_path, monkeypatch):
+    from trainforge._internal.ray_utils import stale_ray_address
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    assert stale_ray_address() is None  # no file
+    (tmp_path / "ray").mkdir()
+    dead = _dead_address()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(dead)
+    assert stale_ray_address(probe_timeout_s=5) == dead
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{server.getsockname()[1]}")
+        assert stale_ray_address(probe_timeout_s=5) is None
 
 
 # -- requests the cluster can never hold ----------------------------------------------------------

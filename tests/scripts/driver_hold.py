@@ -5,6 +5,7 @@ usage: driver_hold.py STORAGE_DIR PID_DIR NUM_WORKERS
 """
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +26,9 @@ def loop(config):
 
 
 if __name__ == "__main__":
+    # Python raises KeyboardInterrupt on SIGINT only if SIGINT was not ignored when it started, and a
+    # non-interactive shell starts background jobs with SIGINT ignored: restore it, as in a terminal.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     storage, pid_dir, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     trainer = DataParallelTrainer(
         loop,

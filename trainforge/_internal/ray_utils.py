@@ -6,9 +6,13 @@ trainforge uses Ray core only (actors, placement groups, the object store) and R
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
 import sys
 from typing import Any
+
+logger = logging.getLogger("trainforge")
 
 # Ray's own variable: the address of the cluster ``ray.init()`` joins.
 ENV_RAY_ADDRESS = "RAY_ADDRESS"
@@ -35,5 +39,38 @@ def ensure_connected() -> Any:
     """The ray module, connected: joins ``$RAY_ADDRESS`` or starts a local Ray instance if needed."""
     ray = import_ray()
     if not ray.is_initialized():
-        ray.init(address=os.environ.get(ENV_RAY_ADDRESS) or None)
+        address = os.environ.get(ENV_RAY_ADDRESS) or None
+        stale = stale_ray_address() if address is None else None
+        if stale is not None:
+            logger.warning(
+                "Ray's address file names %s (the cluster of the last `ray start`), but nothing listens there: "
+                "starting a local Ray instance instead. To join a cluster, set RAY_ADDRESS; `ray stop` clears the file.",
+                stale,
+            )
+            address = "local"
+        ray.init(address=address)
     return ray
+
+
+def stale_ray_address(probe_timeout_s: float = 2.0) -> str | None:
+    """The address in Ray's address file (``$RAY_TMPDIR/ray/ray_current_cluster``) when nothing listens
+    there, else None.
+
+    ``ray.init()`` without an address joins the cluster the last ``ray start`` (or a test's
+    ``ray.cluster_utils.Cluster``) recorded in that file, and when that cluster is gone but the file
+    was left behind it retries the dead address for minutes instead of starting a local instance.
+    """
+    try:
+        from ray._private.utils import read_ray_address
+
+        address = read_ray_address()
+    except Exception:  # Ray moved its private helper: keep Ray's own behaviour
+        return None
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=probe_timeout_s):
+            return None
+    except (OSError, ValueError):
+        return address
