@@ -491,9 +491,9 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict:
 # STEADY_CKPT_EVERY steps) after --steady-after-s seconds of training, when the standby workers are ready;
 # the others die --die-at steps in, a second or two after the start, while standby workers still import.
 RECOVERY_KINDS = {
-    "exit": "recovery after os._exit(1) early in the run, death -> first step (s)",
-    "sigkill": "recovery after SIGKILL early in the run, death -> first step (s)",
-    "exit_steady": "recovery after os._exit(1) after {steady:g} s (standby ready), death -> first step (s)",
+    "exit": "os._exit(1) early in the run",
+    "sigkill": "SIGKILL early in the run",
+    "exit_steady": "os._exit(1) after {steady:g} s (standby ready)",
 }
 STEADY_CKPT_EVERY = 500
 

@@ -47,8 +47,9 @@ def test_a_report_too_big_for_the_ring_keeps_its_place_among_the_others(tmp_path
 
 
 @pytest.mark.skipif(not report_ring.available(), reason="needs os.memfd_create (Linux)")
-def test_local_workers_report_through_the_ring_not_the_socket(tmp_path, monkeypatch):
-    # Count what reaches the driver by which path: with a ring, no report comes over the socket.
+def test_local_workers_report_metrics_through_the_ring_and_checkpoints_over_the_socket(tmp_path, monkeypatch):
+    # Count what reaches the driver by which path: with a ring, only the reports that carry a
+    # checkpoint come over the socket (to wake the driver, which commits it at once).
     from trainforge._internal.worker_group import socket_group
 
     seen: list[tuple[str, str]] = []
@@ -71,13 +72,19 @@ def test_local_workers_report_through_the_ring_not_the_socket(tmp_path, monkeypa
     monkeypatch.setattr(socket_group.SocketWorkerGroup, "_drain_ring", drain)
 
     def loop():
+        import tempfile
+
         for i in range(200):
-            train.report({"i": i})
+            checkpoint = None
+            if i == 100:
+                checkpoint = Checkpoint.from_directory(tempfile.mkdtemp())
+            train.report({"i": i}, checkpoint=checkpoint)
 
     result = _fit(loop, tmp_path)
     assert result.error is None
     assert len(result.metrics_dataframe) == 200
+    assert result.checkpoint is not None
     reports = [path for path, kind in seen if kind == "report"]
-    assert reports.count("ring") == 400 and "socket" not in reports
+    assert reports.count("ring") == 398 and reports.count("socket") == 2
     # "done" follows ring records, so it comes wrapped with the ring position it must wait for.
     assert ("socket", "after") in seen

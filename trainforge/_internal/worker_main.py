@@ -98,12 +98,15 @@ class _Channel:
     def send(self, msg: tuple, wait: bool = False) -> None:
         """Send ``msg`` now: when this returns, it reaches the driver even if this process dies the
         next instant (``wait`` is accepted for callers that need the guarantee; every send gives it).
-        Reports go into the ring when there is one (a record too big for it takes the socket)."""
+        Metrics-only reports go into the ring when there is one (a record too big for it takes the
+        socket). A report with a checkpoint takes the socket: it wakes the driver, which then drains
+        every rank's ring too, so the checkpoint is committed at once rather than at the next periodic
+        drain (up to ``RING_DRAIN_S`` later), for one socket write per checkpoint."""
         ring = self.ring
         if ring is None:
             self._send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
             return
-        if msg[0] == "report":
+        if msg[0] == "report" and not msg[3]:  # ("report", index, payload, has_checkpoint, time)
             data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
             if ring.fits(len(data)):
                 ring.put(data)
