@@ -1,0 +1,193 @@
+"""The train server's scheduling rule, as a pure function: which queued jobs start now, and why the
+others wait.
+
+:func:`decide` is called on every event that can change the answer (a submission, a job's end, a
+stop, a priority change, a hold or release, a capacity change); it reads nothing but its arguments
+and returns the same answer for the same arguments, so the server never polls and the rule is
+tested on its own (``tests/test_server_scheduler.py``).
+
+The rule:
+
+1. **Order.** Queued jobs are taken by priority (higher first), then by submission sequence.
+   Held jobs are skipped (they wait with reason ``held`` and reserve nothing).
+2. **Gang.** A job starts only when its whole request fits in what is free: its driver plus
+   ``min_workers`` workers (``per_worker`` each). An elastic job (``max_workers > min_workers``)
+   starts with as many workers up to ``max_workers`` as fit. Nothing is ever half-started, so two
+   jobs can never deadlock each other.
+3. **Reservation, then backfill.** A job that does not fit *reserves the resource kinds it lacks*
+   (the kinds whose free amount is below its request). A later job may start ahead of it only if
+   it needs none of the reserved kinds: a CPU-only job passes a job waiting for GPUs, but no job
+   takes CPUs that an earlier job is waiting for. Every waiting job reserves, not just the first,
+   so a big job is never starved by a stream of small ones: what it lacks can only be taken by
+   jobs ahead of it, and those end.
+4. **Never fits.** A request larger than the whole capacity can never start: :func:`check_fits`
+   rejects it at submission, naming the numbers (a job already queued when capacity shrank below
+   its request waits with reason ``resources``, and reserves, until capacity returns).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
+
+Resources = Mapping[str, float]
+"""Amounts by resource kind: ``{"CPU": 4, "GPU": 1, "memory": 8e9, "my_custom": 2}``."""
+
+_EPS = 1e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRequest:
+    """What a queued job asks for (from its ``ScalingConfig``)."""
+
+    job_id: int
+    seq: int  # submission order, unique
+    per_worker: Resources
+    min_workers: int = 1
+    max_workers: int | None = None  # None: min_workers (not elastic)
+    driver: Resources = dataclasses.field(default_factory=dict)
+    priority: int = 0
+    held: bool = False
+
+    def __post_init__(self) -> None:
+        if self.min_workers < 1:
+            raise ValueError(f"JobRequest.min_workers={self.min_workers!r}: must be at least 1.")
+        if self.max_workers is not None and self.max_workers < self.min_workers:
+            raise ValueError(
+                f"JobRequest.max_workers={self.max_workers!r}: must be at least min_workers={self.min_workers}."
+            )
+        for field in ("per_worker", "driver"):
+            for kind, amount in getattr(self, field).items():
+                if not (isinstance(amount, (int, float)) and math.isfinite(amount) and amount >= 0):
+                    raise ValueError(
+                        f"JobRequest.{field}[{kind!r}]={amount!r}: must be a finite number >= 0."
+                    )
+
+    @property
+    def upper_workers(self) -> int:
+        return self.min_workers if self.max_workers is None else self.max_workers
+
+    def request(self, workers: int) -> dict[str, float]:
+        """Driver plus ``workers`` workers, by kind (kinds asked for in zero amounts are left out)."""
+        kinds = sorted(set(self.per_worker) | set(self.driver))
+        total = {k: self.driver.get(k, 0.0) + workers * self.per_worker.get(k, 0.0) for k in kinds}
+        return {k: v for k, v in total.items() if v > 0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """Start ``job_id`` now with ``workers`` workers, holding ``grant`` until it ends."""
+
+    job_id: int
+    workers: int
+    grant: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pending:
+    """Why a queued job waits, and its place among the waiting jobs that are not held (1 = next).
+
+    ``reason``: ``"held"``; ``"resources"`` (``need`` and ``free`` name the kinds it lacks); or
+    ``"reserved"`` (it would fit, but ``behind`` waits for kinds it also needs).
+    """
+
+    job_id: int
+    position: int | None  # None while held
+    reason: Literal["held", "resources", "reserved"]
+    need: dict[str, float] = dataclasses.field(default_factory=dict)
+    free: dict[str, float] = dataclasses.field(default_factory=dict)
+    behind: int | None = None
+
+    def describe(self) -> str:
+        """One line for a person: ``needs 4 CPU, 2 free``, ``behind job 12``, ``held``."""
+        if self.reason == "held":
+            return "held"
+        if self.reason == "reserved":
+            return f"behind job {self.behind}"
+        parts = [f"{_num(self.need[k])} {k}, {_num(self.free.get(k, 0.0))} free" for k in sorted(self.need)]
+        return "needs " + "; ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    starts: list[Start]
+    pending: list[Pending]  # in queue order
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def free_resources(capacity: Resources, grants: Iterable[Resources]) -> dict[str, float]:
+    """What ``capacity`` has left after ``grants`` (kinds absent from capacity have none)."""
+    free = {k: float(v) for k, v in capacity.items()}
+    for grant in grants:
+        for k, v in grant.items():
+            free[k] = free.get(k, 0.0) - v
+    return free
+
+
+def _lacking(request: Resources, free: Resources) -> dict[str, float]:
+    return {k: v for k, v in request.items() if v > free.get(k, 0.0) + _EPS}
+
+
+def check_fits(job: JobRequest, capacity: Resources) -> None:
+    """Raise ValueError, with the numbers, if ``job`` could not start even on an idle ``capacity``."""
+    request = job.request(job.min_workers)
+    lacking = _lacking(request, capacity)
+    if lacking:
+        parts = ", ".join(
+            f"{_num(v)} {k} (capacity {_num(capacity.get(k, 0.0))})" for k, v in sorted(lacking.items())
+        )
+        raise ValueError(
+            f"job {job.job_id} asks for {parts} with {job.min_workers} worker(s) and its driver, more than the "
+            "server has even when idle: ask for fewer workers or resources per worker, or start the server with "
+            "more capacity (--capacity)."
+        )
+
+
+def _order(queue: Iterable[JobRequest]) -> list[JobRequest]:
+    return sorted(queue, key=lambda j: (-j.priority, j.seq))
+
+
+def decide(queue: Sequence[JobRequest], running: Sequence[Resources], capacity: Resources) -> Decision:
+    """Which of ``queue`` start now, given the grants of the ``running`` jobs and the ``capacity``;
+    the others with their reasons, in queue order (see the module docstring for the rule)."""
+    free = free_resources(capacity, running)
+    # kind -> (position, job id) of the first waiting job that lacks it
+    reserved: dict[str, tuple[int, int]] = {}
+    starts: list[Start] = []
+    pending: list[Pending] = []
+    position = 0
+    for job in _order(queue):
+        if job.held:
+            pending.append(Pending(job.job_id, position=None, reason="held"))
+            continue
+        request = job.request(job.min_workers)
+        lacking = _lacking(request, free)
+        blocked_by = min((reserved[k] for k in request if k in reserved), default=None)
+        if lacking:
+            position += 1
+            pending.append(
+                Pending(
+                    job.job_id, position, "resources", need=dict(lacking),
+                    free={k: max(0.0, free.get(k, 0.0)) for k in lacking},
+                )
+            )  # fmt: skip
+            for k in lacking:
+                reserved.setdefault(k, (position, job.job_id))
+            continue
+        if blocked_by is not None:
+            position += 1
+            pending.append(Pending(job.job_id, position, "reserved", behind=blocked_by[1]))
+            continue
+        workers = job.min_workers
+        while workers < job.upper_workers and not _lacking(job.request(workers + 1), free):
+            workers += 1
+        grant = job.request(workers)
+        for k, v in grant.items():
+            free[k] = free.get(k, 0.0) - v
+        starts.append(Start(job.job_id, workers, grant))
+    return Decision(starts, pending)
