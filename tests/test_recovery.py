@@ -346,19 +346,28 @@ def test_no_standby_workers_without_restarts(tmp_path):
     assert result.metrics == {"processes": 2}  # just the two workers: max_failures=0 keeps no spares
 
 
+def _report_resume_point_or_checkpoint() -> int | None:
+    """In a restarted attempt: report the step the checkpoint holds and return None. Else: one report
+    on every rank, with checkpoint 5 from rank 0 only, and return the rank."""
+    ctx = train.get_context()
+    if ctx.get_attempt() == 1:
+        ckpt = train.get_checkpoint()
+        train.report({"resumed_from": _load(ckpt) if ckpt else None})
+        return None
+    rank = ctx.get_world_rank()
+    train.report({"step": 0}, checkpoint=_save(5) if rank == 0 else None)
+    return rank
+
+
 @pytest.mark.parametrize("round_", range(3))
 def test_metrics_only_report_of_a_dying_rank_still_commits_the_checkpoint(tmp_path, round_):
     """Rank 0 reports a checkpoint, rank 1 the same report without one, and dies the instant its
     report() returns: that report counts, so the checkpoint is committed and resumed from."""
 
     def loop():
-        ctx = train.get_context()
-        if ctx.get_attempt() == 1:
-            ckpt = train.get_checkpoint()
-            train.report({"resumed_from": _load(ckpt) if ckpt else None})
+        rank = _report_resume_point_or_checkpoint()
+        if rank is None:
             return
-        rank = ctx.get_world_rank()
-        train.report({"step": 0}, checkpoint=_save(5) if rank == 0 else None)
         if rank == 1:
             os._exit(1)
         while True:
@@ -378,13 +387,9 @@ def test_dying_ranks_last_report_commits_although_every_rank_failed_at_once(tmp_
     gone = tmp_path / "rank1_gone"
 
     def loop():
-        ctx = train.get_context()
-        if ctx.get_attempt() == 1:
-            ckpt = train.get_checkpoint()
-            train.report({"resumed_from": _load(ckpt) if ckpt else None})
+        rank = _report_resume_point_or_checkpoint()
+        if rank is None:
             return
-        rank = ctx.get_world_rank()
-        train.report({"step": 0}, checkpoint=_save(5) if rank == 0 else None)
         if rank == 1:
             gone.write_text("")
             os._exit(1)

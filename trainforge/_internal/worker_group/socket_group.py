@@ -160,20 +160,24 @@ class SocketWorkerGroup(WorkerGroup):
         if not conns and timeout:
             time.sleep(min(timeout, 0.05))
         for conn in ready:
-            w = by_conn[id(conn)]
-            while True:
-                try:
-                    data = conn.recv_bytes()  # type: ignore[union-attr]
-                except (EOFError, OSError):
-                    conn.close()  # type: ignore[union-attr]
-                    break
-                self._dispatch(w, pickle.loads(data))
-                if not conn.poll():  # type: ignore[union-attr]
-                    break
+            self._read_available(by_conn[id(conn)])
         for w in self._workers:
             if w.ring is not None:
                 self._drain_ring(w)
         self._check_deaths()
+
+    def _read_available(self, w: WorkerHandle) -> None:
+        """Dispatch every message waiting on ``w``'s socket; close it at EOF."""
+        conn = w.conn
+        while conn is not None and not conn.closed:
+            try:
+                if not conn.poll():
+                    return
+                data = conn.recv_bytes()
+            except (EOFError, OSError):
+                conn.close()
+                return
+            self._dispatch(w, pickle.loads(data))
 
     def _drain_ring(self, w: WorkerHandle, upto: int | None = None, everything: bool = False) -> None:
         for data in w.ring.drain(upto, None if everything else w.after_count):
@@ -238,14 +242,7 @@ class SocketWorkerGroup(WorkerGroup):
 
     def _drain_dead(self, w: WorkerHandle) -> None:
         """What a dead worker sent is still ours: its socket's last messages, then its whole ring."""
-        conn = w.conn
-        while conn is not None and not conn.closed:
-            try:
-                if not conn.poll():
-                    break
-                self._dispatch(w, pickle.loads(conn.recv_bytes()))
-            except (EOFError, OSError):
-                conn.close()
+        self._read_available(w)
         if w.ring is not None:
             self._drain_ring(w, everything=True)
 
