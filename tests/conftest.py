@@ -157,3 +157,18 @@ def _no_leftover_processes():
 
 
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+
+
+@pytest.fixture
+def train_server(tmp_path, monkeypatch):
+    """A real train server (capacity 2 CPUs) on 127.0.0.1, which ``trainer.submit()`` and ``Client()``
+    find through $TRAINFORGE_SERVER_DIR; fails the test if a job process outlives it (the server
+    keeps jobs running when it stops, so every test must have ended or stopped them)."""
+    pytest.importorskip("fastapi")
+    from serverutil import ServerProc
+
+    server = ServerProc(str(tmp_path / "server")).start()
+    monkeypatch.setenv("TRAINFORGE_SERVER_DIR", server.state_dir)
+    yield server
+    left = server.cleanup()
+    assert not left, f"job processes left behind: {left}"

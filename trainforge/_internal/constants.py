@@ -29,6 +29,12 @@ ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 ENV_WORKER_PRELOAD = "TRAINFORGE_WORKER_PRELOAD"  # comma-separated modules a worker imports first
 
+# Set by the train server's runner for everything a job runs (inherited by its workers): the job's id
+# (every process of a job can be found by it), and a file every fit() in the job appends its
+# events to (run start, reports, restarts, run end) as JSON lines, which the server tails.
+ENV_JOB_ID = "TRAINFORGE_JOB_ID"
+ENV_JOB_EVENTS = "TRAINFORGE_JOB_EVENTS"
+
 DEFAULT_STORAGE_DIRNAME = "trainforge_results"
 DEFAULT_SHUTDOWN_GRACE_S = 5.0
 DEFAULT_START_TIMEOUT_S = 120.0

@@ -204,6 +204,33 @@ class DataParallelTrainer:
         A failure does not raise here: it is in ``.result.error``."""
         return TrainingIterator(self._run())
 
+    def submit(
+        self,
+        *,
+        wait: bool = False,
+        callback: Callable[[Result], Any] | None = None,
+        address: str | None = None,
+        name: str | None = None,
+        priority: int = 0,
+        hold: bool = False,
+        max_retries: int = 1,
+        env: dict[str, str] | None = None,
+    ) -> Any:
+        """Queue this trainer's run on a train server (``trainforge[server]``) and return its job
+        handle (:class:`trainforge.server.Job`: ``status()``, ``wait()``, ``result()`` -- the Result
+        ``fit()`` would return --, ``reports()``, ``logs()``, ``stop()``). The server on this machine
+        is used (``address`` or ``$TRAINFORGE_ADDRESS`` for another); if none runs, one is started
+        in the background, and this says so. ``wait=True`` streams the job's output here until it
+        ends (Ctrl-C detaches; the job goes on); ``callback`` is called with the Result when it
+        ends. ``max_retries``: times the job is requeued if its runner is lost (worker failures
+        are ``FailureConfig``'s, inside the job). ``fit()`` is unchanged and stays local."""
+        from trainforge.server._client import submit_trainer
+
+        return submit_trainer(
+            self, wait=wait, callback=callback, address=address, name=name, priority=priority, hold=hold,
+            max_retries=max_retries, env=env,
+        )  # fmt: skip
+
     @classmethod
     def can_restore(cls, path: str | os.PathLike, storage_filesystem: Any = None) -> bool:
         """True if ``path`` is a run directory that :meth:`restore` can resume."""
@@ -379,11 +406,15 @@ class DataParallelTrainer:
             return (yield from self._run_steps())
 
     def _run_steps(self) -> Generator[TrainingReport, None, Result]:
+        from trainforge._internal.job_events import job_events_callback
         from trainforge._internal.scaling_policy import ScalingPolicy
 
         rc = self.run_config
         storage = self._make_storage()
         callbacks = list(rc.callbacks or [])
+        job_events = job_events_callback()  # inside a train-server job: the server reads them
+        if job_events is not None:
+            callbacks.append(job_events)
         if rc.verbose:
             callbacks.insert(0, ProgressReporter(rc.verbose, storage.name, executor_kind(self.scaling_config)))
         assert rc.checkpoint_config is not None and rc.failure_config is not None

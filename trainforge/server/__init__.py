@@ -1,9 +1,44 @@
-"""The train server (issue 8, in progress): a job queue that runs many training jobs at once by the
-resources they ask for.
+"""The train server: a job queue that runs many training jobs at once by the resources they ask for,
+with an HTTP API (``/api/v1``), the ``trainforge`` CLI and this Python client.
 
-Built so far: the scheduling rule (``trainforge.server._scheduler``), a pure function with its
-property-based tests. The HTTP API, the job store, the runner, the CLI and the Python client are not
-built yet, so nothing here is public.
+    import trainforge.server as tfs
+
+    job = trainer.submit()               # queue it on the local server (started if none runs)
+    print(job.status().describe())       # e.g. "job 4 (TorchTrainer): QUEUED, needs 2 CPU, 1 free"
+    for report in job.reports():         # as fit_iter() yields them
+        print(report.metrics)
+    result = job.result()                # the Result fit() would have returned
+
+    client = tfs.Client()                # or Client("http://host:8270")
+    for status in client.jobs(): ...
+
+Needs the ``[server]`` extra (FastAPI, uvicorn, httpx). Submitting a job runs code as the server's
+user: the server binds 127.0.0.1 and requires its token (``<state-dir>/token``, mode 0600) on every
+request. See the README's "Train server" section for the scheduling rule and the job states.
 """
 
-__all__: list[str] = []
+from trainforge.server._client import (
+    Client,
+    InvalidJobError,
+    Job,
+    JobConflictError,
+    JobNotFoundError,
+    JobStatus,
+    ServerError,
+    ServerNotFoundError,
+    start_background_server,
+)
+from trainforge.server._config import ServerConfig
+
+__all__ = [
+    "Client",
+    "InvalidJobError",
+    "Job",
+    "JobConflictError",
+    "JobNotFoundError",
+    "JobStatus",
+    "ServerConfig",
+    "ServerError",
+    "ServerNotFoundError",
+    "start_background_server",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from trainforge._internal.cli import main
+
+sys.exit(main())

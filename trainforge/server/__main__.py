@@ -1,0 +1,7 @@
+"""``python -m trainforge.server start ...`` = ``trainforge server start ...``."""
+
+import sys
+
+from trainforge._internal.cli import main
+
+sys.exit(main(["server", *sys.argv[1:]]))

@@ -1,0 +1,405 @@
+"""The train server's commands of the ``trainforge`` CLI, in the style of ``ray job`` and Slurm:
+
+    trainforge server start [--detach] [--port P] [--state-dir D] [--capacity CPU=8,GPU=2]
+    trainforge server status | stop
+    trainforge submit [--no-wait] [--workers N] [--cpus C] [--gpus G] ... (script.py [ARGS] | pkg.mod:fn)
+    trainforge jobs | status ID | logs ID [-f] [--rank N] [--tail N] | stop ID [--force]
+    trainforge queue | resources | hold ID | release ID | priority ID N | retry ID
+
+Listing commands take ``--json``. A blocking ``submit`` streams the job's output and exits with the
+job's exit code; Ctrl-C detaches (the job goes on) and exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from trainforge.server._config import DEFAULT_PORT, ServerConfig, default_state_dir, parse_resources
+
+
+def add_commands(sub: Any) -> None:
+    server = sub.add_parser("server", help="start, stop or look at the train server")
+    ssub = server.add_subparsers(dest="server_command", required=True)
+    start = ssub.add_parser("start", help="run a train server (foreground; --detach for background)")
+    start.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    start.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)")
+    _state_dir(start)
+    start.add_argument("--capacity", type=parse_resources, help="what jobs may use, e.g. CPU=8,GPU=2,memory=32G "
+                       "(default: this machine, or the Ray cluster, less --reserve)")  # fmt: skip
+    start.add_argument("--reserve", type=parse_resources, help="kept back from a measured capacity "
+                       "(default CPU=1 on 8+ CPUs, memory=min(2G, 10%%))")  # fmt: skip
+    start.add_argument("--stop-grace", type=float, default=10.0, help="seconds a stopped job has to end cleanly")
+    start.add_argument("--durable", action="store_true", help="fsync every commit (survives power loss)")
+    start.add_argument("--token-file", help="read the API token from this file (needed for a non-loopback --host)")
+    start.add_argument("--detach", action="store_true", help="run in the background; output in <state-dir>/server.log")
+    start.set_defaults(func=_server_start)
+    status = ssub.add_parser("status", help="is a server running, where, with which jobs")
+    _state_dir(status)
+    _json(status)
+    status.set_defaults(func=_server_status)
+    stop = ssub.add_parser("stop", help="stop the server (running jobs go on unless --stop-jobs)")
+    _state_dir(stop)
+    stop.add_argument("--stop-jobs", action="store_true", help="stop every running job first")
+    stop.set_defaults(func=_server_stop)
+
+    submit = sub.add_parser("submit", help="queue a job: a script, or module:function returning a trainer")
+    submit.add_argument("target", help="script.py (its fit() calls are the job's runs) or pkg.module:function")
+    submit.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script or function")
+    submit.add_argument("--workers", default="1", help="workers (N, or MIN-MAX for an elastic job); default 1")
+    submit.add_argument("--cpus", type=float, default=1.0, help="CPUs per worker (default 1)")
+    submit.add_argument("--gpus", type=float, default=0.0, help="GPUs per worker (default 0)")
+    submit.add_argument("--memory", help="memory per worker, e.g. 4G (admission only)")
+    submit.add_argument("--resources", type=parse_resources, help="other resources per worker, e.g. TPU=1")
+    submit.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    submit.add_argument("--name", help="job name (default: the script or function)")
+    submit.add_argument("--hold", action="store_true", help="queue it held (start with `trainforge release ID`)")
+    submit.add_argument("--max-retries", type=int, default=1, help="times a lost job is requeued (default 1)")
+    submit.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment for the job")
+    submit.add_argument("--no-wait", action="store_true", help="return once queued")
+    _address(submit)
+    submit.set_defaults(func=_submit)
+
+    jobs = sub.add_parser("jobs", help="list jobs, newest first")
+    jobs.add_argument("--state", action="append", help="only jobs in this state (repeatable)")
+    jobs.add_argument("--limit", type=int, default=50)
+    _address(jobs)
+    _json(jobs)
+    jobs.set_defaults(func=_jobs)
+    for verb, helptext, func in (
+        ("status", "one job: state, why it waits, its grant, last metrics", _status),
+        ("hold", "keep a queued job from starting", _hold),
+        ("release", "let a held job start", _release),
+        ("retry", "queue a failed or stopped job again (from its latest checkpoint)", _retry),
+    ):
+        p = sub.add_parser(verb, help=helptext)
+        p.add_argument("job_id", type=int)
+        _address(p)
+        if verb == "status":
+            _json(p)
+        p.set_defaults(func=func)
+    prio = sub.add_parser("priority", help="change a queued job's priority")
+    prio.add_argument("job_id", type=int)
+    prio.add_argument("priority", type=int)
+    _address(prio)
+    prio.set_defaults(func=_priority)
+    logs = sub.add_parser("logs", help="a job's output")
+    logs.add_argument("job_id", type=int)
+    logs.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
+    logs.add_argument("--rank", type=int, help="that rank's own log")
+    logs.add_argument("--tail", type=int, help="only the last N lines")
+    _address(logs)
+    logs.set_defaults(func=_logs)
+    stop_job = sub.add_parser("stop", help="stop a job (as Ctrl-C, then kill what is left)")
+    stop_job.add_argument("job_id", type=int)
+    stop_job.add_argument("--force", action="store_true", help="kill at once")
+    stop_job.add_argument("--grace", type=float, help="seconds to end cleanly before the kill")
+    _address(stop_job)
+    stop_job.set_defaults(func=_stop)
+    queue = sub.add_parser("queue", help="waiting jobs in the order they will start, with their reasons")
+    _address(queue)
+    _json(queue)
+    queue.set_defaults(func=_queue)
+    res = sub.add_parser("resources", help="capacity, granted and free resources; who holds which GPU")
+    _address(res)
+    _json(res)
+    res.set_defaults(func=_resources)
+
+
+def _state_dir(p: Any) -> None:
+    p.add_argument("--state-dir", default=None, help=f"server state (default {default_state_dir()})")
+
+
+def _address(p: Any) -> None:
+    p.add_argument("--address", help="server URL (default: $TRAINFORGE_ADDRESS or the local server)")
+    _state_dir(p)
+
+
+def _json(p: Any) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _client(args: Any) -> Any:
+    from trainforge.server._client import Client
+
+    return Client(args.address, state_dir=args.state_dir)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+# -- server ---------------------------------------------------------------------------------------
+def _server_start(args: Any) -> int:
+    state_dir = args.state_dir or default_state_dir()
+    token = None
+    if args.token_file:
+        with open(args.token_file) as f:
+            token = f.read().strip()
+    config = ServerConfig(
+        state_dir=state_dir, host=args.host, port=args.port, capacity=args.capacity, reserve=args.reserve,
+        stop_grace_s=args.stop_grace, durable=args.durable, token=token,
+    )  # fmt: skip
+    if args.detach:
+        from trainforge.server._client import start_background_server
+
+        forward = ["--host", args.host, "--port", str(args.port), "--stop-grace", str(args.stop_grace)]
+        if args.capacity:
+            forward += ["--capacity", ",".join(f"{k}={v}" for k, v in args.capacity.items())]
+        if args.reserve:
+            forward += ["--reserve", ",".join(f"{k}={v}" for k, v in args.reserve.items())]
+        if args.durable:
+            forward.append("--durable")
+        if args.token_file:
+            forward += ["--token-file", os.path.abspath(args.token_file)]
+        print(f"trainforge server: starting in the background (output in {config.state_dir}/server.log) ...", flush=True)
+        url = start_background_server(config.state_dir, extra_args=forward)
+        print(f"trainforge server: serving {url}\n  token: {config.state_dir}/token   state: {config.state_dir}")
+        return 0
+    from trainforge.server._main import serve
+
+    serve(config)
+    return 0
+
+
+def _server_status(args: Any) -> int:
+    from trainforge.server._client import Client, ServerNotFoundError
+    from trainforge.server._main import read_server_info
+
+    state_dir = os.path.abspath(os.path.expanduser(args.state_dir or default_state_dir()))
+    info = read_server_info(state_dir)
+    if info is None:
+        print(f"no train server running (state directory {state_dir})")
+        return 3
+    try:
+        with Client(info["url"], state_dir=state_dir) as client:
+            health = client.health()
+            res = client.resources()
+    except ServerNotFoundError:
+        print(f"no train server answers at {info['url']} (pid {info.get('pid')} is gone: it was killed); "
+              "`trainforge server start` reattaches its jobs")  # fmt: skip
+        return 3
+    if args.json:
+        _print_json({"url": info["url"], "state_dir": state_dir, **health, "resources": res})
+        return 0
+    jobs = health["jobs"]
+    print(f"train server at {info['url']} (pid {health['pid']}, up {health['uptime_s']:.0f} s, state {state_dir})")
+    print(f"  jobs: {jobs['RUNNING'] + jobs['STARTING']} running, {jobs['STOPPING']} stopping, "
+          f"{jobs['QUEUED']} queued, {jobs['HELD']} held")  # fmt: skip
+    print(f"  free: {_fmt_resources(res['free'])} of {_fmt_resources(res['capacity'])}")
+    return 0
+
+
+def _server_stop(args: Any) -> int:
+    import signal
+
+    import psutil
+
+    from trainforge.server._main import read_server_info
+
+    state_dir = os.path.abspath(os.path.expanduser(args.state_dir or default_state_dir()))
+    info = read_server_info(state_dir)
+    if info is None:
+        print(f"no train server running (state directory {state_dir})")
+        return 0
+    if args.stop_jobs:
+        from trainforge.server._client import Client
+
+        with Client(info["url"], state_dir=state_dir) as client:
+            for job in client.jobs(["STARTING", "RUNNING", "STOPPING"], limit=1000):
+                print(f"stopping job {job.id} ...", flush=True)
+                client.job(job.id).stop()
+    try:
+        proc = psutil.Process(info["pid"])
+        if abs(proc.create_time() - info.get("create_time", 0)) > 0.01:
+            raise psutil.NoSuchProcess(info["pid"])
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    except psutil.NoSuchProcess:
+        print(f"the server (pid {info['pid']}) was already gone")
+        return 0
+    print(f"stopped the train server at {info['url']}")
+    return 0
+
+
+# -- jobs -----------------------------------------------------------------------------------------
+def _worker_range(text: str) -> tuple[int, int | None]:
+    lo, sep, hi = text.partition("-")
+    try:
+        return int(lo), (int(hi) if sep else None)
+    except ValueError:
+        raise SystemExit(f"trainforge submit: --workers {text!r}: give N or MIN-MAX (e.g. 2 or 2-4)") from None
+
+
+def _submit(args: Any) -> int:
+    from trainforge.server._client import Client, follow
+
+    target = args.target
+    per_worker: dict[str, float] = {"CPU": args.cpus}
+    if args.gpus:
+        per_worker["GPU"] = args.gpus
+    if args.memory:
+        per_worker["memory"] = parse_resources(f"memory={args.memory}")["memory"]
+    per_worker.update(args.resources or {})
+    low, high = _worker_range(args.workers)
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"trainforge submit: --env {item!r}: write KEY=VALUE")
+        env[key] = value
+    spec: dict[str, Any] = {
+        "workers": low, "per_worker": per_worker, "priority": args.priority, "hold": args.hold,
+        "max_retries": args.max_retries, "env": env, "cwd": os.getcwd(), "args": list(args.args),
+        "sys_path": [os.getcwd()],
+    }  # fmt: skip
+    if high is not None:
+        spec["max_workers"] = high
+    if target.endswith(".py") or os.path.isfile(target):
+        if not os.path.isfile(target):
+            raise SystemExit(f"trainforge submit: no such script {target!r}")
+        spec.update(kind="script", path=os.path.abspath(target), name=args.name or os.path.basename(target))
+    elif ":" in target:
+        spec.update(kind="function", target=target, name=args.name or target)
+    else:
+        raise SystemExit(f"trainforge submit: {target!r} is neither a script (.py) nor pkg.module:function")
+    client = Client(args.address, state_dir=args.state_dir)
+    job = client.submit(spec)
+    status = job.status()
+    print(f"trainforge: submitted job {job.id} ({status.name}): {status.state}"
+          + (f", {status.pending}" if status.pending else ""), flush=True)  # fmt: skip
+    if args.no_wait:
+        print(f"  follow it with `trainforge logs {job.id} -f`; stop it with `trainforge stop {job.id}`")
+        return 0
+    try:
+        final = follow(job)
+    except KeyboardInterrupt:
+        return 130
+    if not final.ended:
+        return 130  # detached
+    if final.state == "SUCCEEDED":
+        return 0
+    if final.state == "STOPPED":
+        return 130
+    return final.exit_code if final.exit_code not in (None, 0) else 1
+
+
+def _fmt_resources(res: dict[str, float]) -> str:
+    parts = []
+    for k, v in sorted(res.items()):
+        parts.append(f"{v / 2**30:.1f}G memory" if k == "memory" else f"{v:g} {k}")
+    return ", ".join(parts) or "-"
+
+
+def _ago(t: float | None) -> str:
+    if t is None:
+        return "-"
+    s = time.time() - t
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
+
+
+def _jobs(args: Any) -> int:
+    client = _client(args)
+    jobs = client.jobs(args.state, limit=args.limit)
+    if args.json:
+        _print_json([j.raw for j in jobs])
+        return 0
+    print(f"{'ID':>5}  {'STATE':<10} {'PRIO':>4}  {'WORKERS':>7}  {'SUBMITTED':>9}  {'NAME':<24} REASON / ERROR")
+    for j in jobs:
+        workers = j.raw.get("workers") or j.raw["request"]["workers"]
+        note = j.pending or j.error or ""
+        print(f"{j.id:>5}  {j.state:<10} {j.priority:>4}  {workers:>7}  {_ago(j.raw['submitted_at']):>9}  "
+              f"{j.name[:24]:<24} {note}")  # fmt: skip
+    return 0
+
+
+def _status(args: Any) -> int:
+    job = _client(args).job(args.job_id).status()
+    if args.json:
+        _print_json(job.raw)
+        return 0
+    r = job.raw
+    print(job.describe())
+    req = r["request"]
+    workers = f"{req['workers']}" + (f"-{req['max_workers']}" if req.get("max_workers") else "")
+    print(f"  request: {workers} worker(s) x {_fmt_resources(req['per_worker'])}; priority {job.priority}")
+    if r.get("grant"):
+        print(f"  grant:   {_fmt_resources(r['grant'])} ({r['workers']} workers)"
+              + (f", GPUs {','.join(r['gpu_ids'])}" if r.get("gpu_ids") else ""))  # fmt: skip
+    if r.get("pid"):
+        print(f"  runner:  pid {r['pid']} (attempt {r['attempt']})")
+    if r.get("run_path"):
+        print(f"  run:     {r['run_path']}")
+    if r.get("last_metrics"):
+        print(f"  metrics: {r['reports']} report(s); last {json.dumps(r['last_metrics'], default=str)[:200]}")
+    return 0
+
+
+def _logs(args: Any) -> int:
+    job = _client(args).job(args.job_id)
+    try:
+        for text in job.logs(follow=args.follow, tail=args.tail, rank=args.rank):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _stop(args: Any) -> int:
+    job = _client(args).job(args.job_id)
+    print(f"stopping job {args.job_id} ...", flush=True)
+    status = job.stop(grace_s=args.grace, force=args.force)
+    print(status.describe())
+    return 0
+
+
+def _hold(args: Any) -> int:
+    print(_client(args).job(args.job_id).hold().describe())
+    return 0
+
+
+def _release(args: Any) -> int:
+    print(_client(args).job(args.job_id).release().describe())
+    return 0
+
+
+def _retry(args: Any) -> int:
+    print(_client(args).job(args.job_id).retry().describe())
+    return 0
+
+
+def _priority(args: Any) -> int:
+    print(_client(args).job(args.job_id).set_priority(args.priority).describe())
+    return 0
+
+
+def _queue(args: Any) -> int:
+    entries = _client(args).queue()
+    if args.json:
+        _print_json(entries)
+        return 0
+    print(f"{'POS':>4}  {'ID':>5}  {'PRIO':>4}  {'NAME':<24} REASON")
+    for e in entries:
+        pos = e["pending"]["position"]
+        print(f"{pos if pos is not None else '-':>4}  {e['job_id']:>5}  {e['priority']:>4}  {e['name'][:24]:<24} "
+              f"{e['pending']['text']}")  # fmt: skip
+    return 0
+
+
+def _resources(args: Any) -> int:
+    res = _client(args).resources()
+    if args.json:
+        _print_json(res)
+        return 0
+    print(f"capacity: {_fmt_resources(res['capacity'])}")
+    print(f"granted:  {_fmt_resources(res['granted'])}")
+    print(f"free:     {_fmt_resources(res['free'])}")
+    for job_id, g in sorted(res["jobs"].items(), key=lambda kv: int(kv[0])):
+        gpus = f" GPUs {','.join(g['gpu_ids'])}" if g["gpu_ids"] else ""
+        print(f"  job {job_id}: {_fmt_resources(g['grant'])}{gpus}")
+    return 0

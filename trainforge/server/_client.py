@@ -1,0 +1,494 @@
+"""The Python client of a train server: :class:`Client`, the :class:`Job` handle, and
+``submit_trainer`` behind ``trainer.submit()``.
+
+Finding the server: the ``address`` argument, else ``$TRAINFORGE_ADDRESS``, else (in a driver
+connected to a Ray cluster) the address the cluster's server published, else the ``address`` file
+of the default state directory (``$TRAINFORGE_SERVER_DIR`` or ``~/.trainforge/server``). The token:
+``token``, else ``$TRAINFORGE_TOKEN``, else that directory's ``token`` file.
+
+Streams (a job's reports, its logs, its end) reconnect by themselves with ``Last-Event-ID`` when the
+server restarts, so a client waiting on a job sees every report even across a server ``kill -9``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from trainforge.server._config import ENV_ADDRESS, ENV_TOKEN, default_state_dir
+
+if TYPE_CHECKING:
+    import httpx
+
+    from trainforge._internal.result import Result, TrainingReport
+
+API_PREFIX = "/api/v1"
+_RECONNECT_S = 60.0
+
+
+class ServerNotFoundError(ConnectionError):
+    """No train server answers where the client looked."""
+
+
+class ServerError(RuntimeError):
+    """The server refused a request: ``status`` (HTTP) and ``detail`` (its reason)."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(f"{detail} (HTTP {status})")
+        self.status = status
+        self.detail = detail
+
+
+class JobNotFoundError(ServerError, LookupError):
+    pass
+
+
+class JobConflictError(ServerError):
+    pass
+
+
+class InvalidJobError(ServerError, ValueError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStatus:
+    """A job as the server sees it (``raw`` has every field of the API's ``JobOut``)."""
+
+    id: int
+    name: str
+    state: str
+    priority: int
+    pending: str | None  # why it waits, in words ("needs 4 CPU, 2 free", "behind job 3", "held")
+    position: int | None
+    exit_code: int | None
+    failure_class: str | None
+    error: str | None
+    raw: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> JobStatus:
+        pending = d.get("pending") or {}
+        return cls(
+            id=d["id"], name=d["name"], state=d["state"], priority=d["priority"], pending=pending.get("text"),
+            position=pending.get("position"), exit_code=d.get("exit_code"), failure_class=d.get("failure_class"),
+            error=d.get("error"), raw=d,
+        )  # fmt: skip
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ("SUCCEEDED", "FAILED", "STOPPED")
+
+    def describe(self) -> str:
+        line = f"job {self.id} ({self.name}): {self.state}"
+        if self.pending:
+            line += f", {self.pending}" + (f" (position {self.position})" if self.position else "")
+        if self.error:
+            line += f": {self.error}"
+        return line
+
+
+def discover(address: str | None = None, token: str | None = None, state_dir: str | None = None) -> tuple[str, str | None]:
+    state_dir = state_dir or default_state_dir()
+    address = address or os.environ.get(ENV_ADDRESS) or _ray_published() or _read(os.path.join(state_dir, "address"))
+    if not address:
+        raise ServerNotFoundError(
+            f"no train server found (no address given, ${ENV_ADDRESS} unset, no {state_dir}/address): "
+            "start one with `trainforge server start`"
+        )
+    token = token or os.environ.get(ENV_TOKEN) or _read(os.path.join(state_dir, "token"))
+    return address.rstrip("/"), token
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _ray_published() -> str | None:
+    """The address a server started against this driver's Ray cluster published there."""
+    if "ray" not in sys.modules:
+        return None
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    from ray.experimental import internal_kv
+
+    from trainforge.server._main import RAY_KV_KEY
+
+    value = internal_kv._internal_kv_get(RAY_KV_KEY)
+    return value.decode() if value else None
+
+
+class Client:
+    """Talks to a train server. Example::
+
+        client = Client()                     # the server on this machine
+        job = client.job(3)
+        print(job.status().describe())
+    """
+
+    def __init__(self, address: str | None = None, *, token: str | None = None, state_dir: str | None = None,
+                 timeout: float = 60.0):  # fmt: skip
+        import httpx
+
+        self.address, token = discover(address, token, state_dir)
+        self.state_dir = state_dir
+        self._http = httpx.Client(
+            base_url=self.address + API_PREFIX,
+            headers={"Authorization": f"Bearer {token}"} if token else {},
+            timeout=httpx.Timeout(timeout, connect=10.0),
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        import httpx
+
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ServerNotFoundError(
+                f"no train server answers at {self.address} ({exc}): is it running? (`trainforge server status`)"
+            ) from exc
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail")
+            except ValueError:
+                detail = response.text
+            if isinstance(detail, list):  # a schema error: name the fields
+                detail = "; ".join(f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail)
+            cls = {404: JobNotFoundError, 409: JobConflictError, 422: InvalidJobError}.get(response.status_code, ServerError)
+            raise cls(response.status_code, str(detail))
+        if response.headers.get("content-type", "").startswith("application/json"):
+            return response.json()
+        return response.content
+
+    def stream(self, path: str, *, params: dict[str, Any] | None = None, last_id: str | None = None,
+               reconnect_s: float = _RECONNECT_S) -> Iterator[tuple[str, str | None, Any]]:  # fmt: skip
+        """Server-sent events as ``(event, id, data)``; reconnects with ``Last-Event-ID`` for up to
+        ``reconnect_s`` when the connection drops (a server restart), then raises."""
+        import httpx
+
+        lost_at: float | None = None
+        while True:
+            headers = {"Last-Event-ID": last_id} if last_id is not None else {}
+            try:
+                with self._http.stream("GET", path, params=params, headers=headers,
+                                       timeout=httpx.Timeout(None, connect=10.0)) as response:  # fmt: skip
+                    if response.status_code >= 400:
+                        response.read()
+                        self._raise_for(response)
+                    lost_at = None
+                    event, ident = "message", None
+                    data: list[str] = []
+                    for line in response.iter_lines():
+                        if not line:
+                            if data:
+                                if ident is not None:
+                                    last_id = ident
+                                yield event, ident, json.loads("\n".join(data))
+                            event, data, ident = "message", [], None
+                            continue
+                        field, _, value = line.partition(":")
+                        value = value[1:] if value.startswith(" ") else value
+                        if field == "data":
+                            data.append(value)
+                        elif field == "event":
+                            event = value
+                        elif field == "id":
+                            ident = value
+                    return
+            except (httpx.TransportError, httpx.RemoteProtocolError) as exc:
+                now = time.monotonic()
+                lost_at = lost_at or now
+                if now - lost_at > reconnect_s:
+                    raise ServerNotFoundError(f"lost the train server at {self.address}: {exc}") from exc
+                time.sleep(0.2)  # back off before reconnecting (the server may be restarting)
+
+    def _raise_for(self, response: httpx.Response) -> None:
+        try:
+            detail = response.json().get("detail")
+        except ValueError:
+            detail = response.text
+        cls = {404: JobNotFoundError, 409: JobConflictError, 422: InvalidJobError}.get(response.status_code, ServerError)
+        raise cls(response.status_code, str(detail))
+
+    # -- API --------------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return self.request("GET", "/health")  # type: ignore[no-any-return]
+
+    def submit(self, spec: dict[str, Any]) -> Job:
+        """Queue a job described as the API's ``JobSpecIn`` (see ``/api/v1/docs``)."""
+        body = self.request("POST", "/jobs", json=spec)
+        return Job(self, body["id"])
+
+    def job(self, job_id: int) -> Job:
+        return Job(self, job_id)
+
+    def jobs(self, state: list[str] | None = None, *, limit: int = 50, before: int | None = None) -> list[JobStatus]:
+        params: dict[str, Any] = {"limit": limit}
+        if state:
+            params["state"] = state
+        if before is not None:
+            params["before"] = before
+        return [JobStatus.from_json(j) for j in self.request("GET", "/jobs", params=params)["jobs"]]
+
+    def queue(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/queue")  # type: ignore[no-any-return]
+
+    def resources(self) -> dict[str, Any]:
+        return self.request("GET", "/resources")  # type: ignore[no-any-return]
+
+
+class Job:
+    """A handle on one job of a train server: what ``trainer.submit()`` returns."""
+
+    def __init__(self, client: Client, job_id: int):
+        self.client = client
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.id}, server={self.client.address!r})"
+
+    def status(self) -> JobStatus:
+        """Its state, and why it waits while it is queued (``.pending``, ``.position``)."""
+        return JobStatus.from_json(self.client.request("GET", f"/jobs/{self.id}"))
+
+    def wait(self, timeout: float | None = None) -> JobStatus:
+        """Block until the job has ended (TimeoutError after ``timeout`` seconds)."""
+        if timeout is None:
+            status = self.status()
+            if status.ended:
+                return status
+            for event, _, data in self.client.stream(f"/jobs/{self.id}/stream", params={"start": "end"}):
+                if event == "end":
+                    return JobStatus.from_json(data)
+            return self.status()
+        done: list[JobStatus] = []
+        waiter = threading.Thread(target=lambda: done.append(self.wait()), daemon=True)
+        waiter.start()
+        waiter.join(timeout)
+        if not done:
+            raise TimeoutError(f"job {self.id} is still {self.status().state} after {timeout} s")
+        return done[0]
+
+    def result(self, timeout: float | None = None) -> Result:
+        """The :class:`~trainforge.Result` its run returned, as ``fit()`` would return it (waits).
+        Like ``fit()``, raises the run's error if it failed; a job stopped or lost before it had a
+        result raises :class:`ServerError`."""
+        import cloudpickle
+
+        status = self.wait(timeout)
+        try:
+            blob = self.client.request("GET", f"/jobs/{self.id}/result")
+        except JobNotFoundError as exc:
+            raise ServerError(exc.status, f"{status.describe()}; {exc.detail}") from None
+        result: Result = cloudpickle.loads(blob)
+        if result.error is not None:
+            raise result.error
+        return result
+
+    def reports(self) -> Iterator[TrainingReport]:
+        """Every report of its runs as they arrive (from the first), as ``fit_iter()`` yields them;
+        ends when the job ends."""
+        from trainforge._internal.checkpoint import Checkpoint
+        from trainforge._internal.result import TrainingReport
+
+        for event, _, data in self.client.stream(f"/jobs/{self.id}/stream"):
+            if event == "report":
+                ckpt = data.get("checkpoint")
+                yield TrainingReport(
+                    index=data["index"], metrics=data["metrics"], all_metrics=data.get("all_metrics") or [data["metrics"]],
+                    checkpoint=Checkpoint(ckpt) if ckpt else None, attempt=data.get("attempt", 0),
+                )  # fmt: skip
+            elif event == "end":
+                return
+
+    def logs(self, *, follow: bool = False, tail: int | None = None, rank: int | None = None) -> Iterator[str]:
+        """Its output (the runner's, with every rank's lines; ``rank=N``: that rank's own log), in
+        chunks of text: the last ``tail`` lines or all of it; with ``follow``, on until the job ends."""
+        params: dict[str, Any] = {}
+        if rank is not None:
+            params["rank"] = rank
+        if tail is not None:
+            params["tail"] = tail
+        if follow:
+            for event, _, data in self.client.stream(f"/jobs/{self.id}/logs/stream", params=params):
+                if event == "log":
+                    yield data["text"]
+                elif event == "end":
+                    return
+            return
+        while True:
+            chunk = self.client.request("GET", f"/jobs/{self.id}/logs", params=params)
+            if chunk["text"]:
+                yield chunk["text"]
+            if chunk["next_offset"] >= chunk["size"] or not chunk["text"]:
+                return
+            params = {k: v for k, v in params.items() if k != "tail"}
+            params["offset"] = chunk["next_offset"]
+
+    def stop(self, *, grace_s: float | None = None, force: bool = False) -> JobStatus:
+        """Stop it (as Ctrl-C; SIGKILL with ``force``): returns once all its processes are gone."""
+        body: dict[str, Any] = {"force": force}
+        if grace_s is not None:
+            body["grace_s"] = grace_s
+        return JobStatus.from_json(self.client.request("POST", f"/jobs/{self.id}/stop", json=body))
+
+    def set_priority(self, priority: int) -> JobStatus:
+        return JobStatus.from_json(self.client.request("PATCH", f"/jobs/{self.id}", json={"priority": priority}))
+
+    def hold(self) -> JobStatus:
+        return JobStatus.from_json(self.client.request("PATCH", f"/jobs/{self.id}", json={"hold": True}))
+
+    def release(self) -> JobStatus:
+        return JobStatus.from_json(self.client.request("PATCH", f"/jobs/{self.id}", json={"hold": False}))
+
+    def retry(self) -> JobStatus:
+        return JobStatus.from_json(self.client.request("POST", f"/jobs/{self.id}/retry"))
+
+
+def start_background_server(state_dir: str | None = None, *, extra_args: list[str] | None = None,
+                            timeout_s: float = 60.0) -> str:  # fmt: skip
+    """Start ``trainforge server start`` detached (output in ``<state_dir>/server.log``) and return
+    its URL once it answers."""
+    from trainforge.server._main import ADDRESS_FILE, SERVER_FILE
+
+    state_dir = os.path.abspath(os.path.expanduser(state_dir or default_state_dir()))
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    for stale in (ADDRESS_FILE, SERVER_FILE):
+        try:
+            os.remove(os.path.join(state_dir, stale))
+        except FileNotFoundError:
+            pass
+    with open(os.path.join(state_dir, "server.log"), "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainforge.server", "start", "--state-dir", state_dir, *(extra_args or [])],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    address_file = os.path.join(state_dir, ADDRESS_FILE)
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if code is not None:
+            tail = (_read(os.path.join(state_dir, "server.log")) or "").splitlines()[-5:]
+            raise RuntimeError(f"the train server exited at start (code {code}):\n" + "\n".join(tail))
+        address = _read(address_file)
+        if address:
+            return address
+        time.sleep(0.05)  # waiting for another process to write a file: nothing to block on
+    raise TimeoutError(f"the train server did not start within {timeout_s:.0f} s; see {state_dir}/server.log")
+
+
+def _trainer_spec(trainer: Any) -> dict[str, Any]:
+    from trainforge._internal.resources import per_worker
+
+    scaling = trainer.scaling_config
+    spec: dict[str, Any] = {
+        "kind": "trainer",
+        "workers": scaling.min_workers,
+        "per_worker": per_worker(scaling) or {"CPU": 0.0},
+        "cwd": os.getcwd(),
+        "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
+    }
+    if scaling.max_workers != scaling.min_workers:
+        spec["max_workers"] = scaling.max_workers
+    return spec
+
+
+def submit_trainer(
+    trainer: Any,
+    *,
+    wait: bool = False,
+    callback: Callable[[Result], Any] | None = None,
+    address: str | None = None,
+    name: str | None = None,
+    priority: int = 0,
+    hold: bool = False,
+    max_retries: int = 1,
+    env: dict[str, str] | None = None,
+    out: Any = None,
+) -> Job:
+    import base64
+
+    import cloudpickle
+
+    try:
+        blob = cloudpickle.dumps(trainer)
+    except Exception as exc:
+        raise TypeError(
+            f"{type(trainer).__name__}.submit(): the trainer cannot be sent to the server because it does not "
+            f"pickle ({type(exc).__name__}: {exc}). Its train loop, config and datasets must be picklable by "
+            "cloudpickle: open files, locks, sockets and live connections are not; create those inside the loop."
+        ) from exc
+    out = out or sys.stdout
+    try:
+        client = Client(address)
+        client.health()
+    except ServerNotFoundError:
+        if address is not None or os.environ.get(ENV_ADDRESS):
+            raise
+        url = start_background_server()
+        print(f"trainforge: no train server was running; started one at {url} "
+              f"(state in {default_state_dir()}; stop it with `trainforge server stop`)", file=out, flush=True)  # fmt: skip
+        client = Client(url)
+    spec = _trainer_spec(trainer)
+    spec.update(
+        trainer_b64=base64.b64encode(blob).decode(),
+        name=name or trainer.run_config.name or type(trainer).__name__,
+        priority=priority, hold=hold, max_retries=max_retries, env=dict(env or {}),
+    )  # fmt: skip
+    job = client.submit(spec)
+    status = job.status()
+    print(f"trainforge: submitted job {job.id} to {client.address}: {status.state}"
+          + (f" ({status.pending})" if status.pending else ""), file=out, flush=True)  # fmt: skip
+    if callback is not None:
+
+        def deliver() -> None:
+            try:
+                callback(job.result())
+            except BaseException as exc:  # the callback is told through the Result as fit() would raise
+                print(f"trainforge: job {job.id}: {exc}", file=out, flush=True)
+
+        threading.Thread(target=deliver, daemon=True, name=f"tf-job{job.id}-callback").start()
+    if wait:
+        follow(job, out)
+    return job
+
+
+def follow(job: Job, out: Any = None) -> JobStatus:
+    """Print the job's output as it comes until it ends; Ctrl-C detaches (the job goes on)."""
+    out = out or sys.stdout
+    try:
+        for text in job.logs(follow=True):
+            out.write(text)
+            out.flush()
+        status = job.status()
+        print(f"trainforge: {status.describe()}", file=out, flush=True)
+        return status
+    except KeyboardInterrupt:
+        print(
+            f"\ntrainforge: detached from job {job.id}; it keeps running. Reattach with "
+            f"`trainforge logs {job.id} -f`, stop it with `trainforge stop {job.id}`.", file=out, flush=True,
+        )  # fmt: skip
+        return job.status()

@@ -1,0 +1,130 @@
+"""``ServerConfig`` and the server's capacity (what it may hand out to jobs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import math
+import os
+from pathlib import Path
+
+DEFAULT_PORT = 8270  # not Ray's 6379 / 8265 (dashboard) / 8266 / 10001 (client)
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+ENV_ADDRESS = "TRAINFORGE_ADDRESS"  # the client's way to a server ("http://127.0.0.1:8270")
+ENV_STATE_DIR = "TRAINFORGE_SERVER_DIR"  # default --state-dir, where the client finds address and token
+ENV_TOKEN = "TRAINFORGE_TOKEN"
+
+
+def default_state_dir() -> str:
+    return os.environ.get(ENV_STATE_DIR) or str(Path.home() / ".trainforge" / "server")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclasses.dataclass
+class ServerConfig:
+    """How a train server runs.
+
+    ``capacity``: what jobs may be granted, by kind (``{"CPU": 8, "GPU": 2, "memory": 32e9}``); None
+    measures this machine (or the Ray cluster) and takes off ``reserve``. ``reserve``: None keeps 1 CPU
+    on machines with 8 or more CPUs (none on smaller ones, where it would be most of the machine) and
+    min(2 GiB, 10%) of memory for the server and the rest of the system. ``stop_grace_s``: how long a
+    stopped job has to end cleanly (as after Ctrl-C) before what remains of it is killed.
+    ``durable``: SQLite ``synchronous=FULL`` (survives a power loss, slower submissions).
+    A non-loopback ``host`` is refused unless ``token`` is given (the token is otherwise random, in
+    ``<state_dir>/token``, mode 0600).
+
+    Example::
+
+        ServerConfig(state_dir="/tmp/tf", port=0, capacity={"CPU": 4})
+    """
+
+    state_dir: str = dataclasses.field(default_factory=default_state_dir)
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    capacity: dict[str, float] | None = None
+    reserve: dict[str, float] | None = None
+    stop_grace_s: float = 10.0
+    durable: bool = False
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        self.state_dir = os.path.abspath(os.path.expanduser(self.state_dir))
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"ServerConfig.port={self.port!r}: give a TCP port 0..65535 (0 picks a free one).")
+        for field in ("capacity", "reserve"):
+            value = getattr(self, field)
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise ValueError(f"ServerConfig.{field}={value!r}: give a dict such as {{'CPU': 8, 'GPU': 1}}.")
+            for kind, amount in value.items():
+                if not (isinstance(amount, (int, float)) and math.isfinite(amount) and amount >= 0):
+                    raise ValueError(f"ServerConfig.{field}[{kind!r}]={amount!r}: must be a finite number >= 0.")
+        if not (isinstance(self.stop_grace_s, (int, float)) and self.stop_grace_s >= 0):
+            raise ValueError(f"ServerConfig.stop_grace_s={self.stop_grace_s!r}: must be a number of seconds >= 0.")
+        if self.token is not None and (not isinstance(self.token, str) or len(self.token) < 16):
+            raise ValueError("ServerConfig.token: give a string of at least 16 characters (or None for a random one).")
+        if not is_loopback(self.host) and self.token is None:
+            raise ValueError(
+                f"ServerConfig.host={self.host!r} is not a loopback address: anyone who can reach it could run "
+                "code as you. Bind 127.0.0.1 (the default), or configure a token (--token-file) to expose it."
+            )
+
+
+def parse_resources(text: str) -> dict[str, float]:
+    """``"CPU=8,GPU=2,memory=32G"`` -> ``{"CPU": 8.0, "GPU": 2.0, "memory": 32e9}`` (ValueError if malformed)."""
+    units = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, sep, amount = part.partition("=")
+        if not sep or not kind.strip():
+            raise ValueError(f"{part!r}: write resources as KIND=AMOUNT, e.g. CPU=8,GPU=2,memory=32G")
+        amount = amount.strip()
+        scale = 1.0
+        upper = amount.upper().removesuffix("B")
+        for suffix in sorted(units, key=len, reverse=True):
+            if upper.endswith(suffix):
+                scale, upper = units[suffix], upper[: -len(suffix)]
+                break
+        try:
+            value = float(upper) * scale
+        except ValueError:
+            raise ValueError(f"{part!r}: {amount!r} is not a number (e.g. CPU=8, memory=32G)") from None
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{part!r}: the amount must be a finite number >= 0")
+        out[kind.strip()] = value
+    return out
+
+
+def machine_capacity() -> dict[str, float]:
+    """This machine's CPUs, GPUs (``CUDA_VISIBLE_DEVICES`` or nvidia-smi) and memory in bytes."""
+    import psutil
+
+    from trainforge._internal.worker_env import local_gpu_ids
+
+    return {
+        "CPU": float(os.cpu_count() or 1),
+        "GPU": float(len(local_gpu_ids())),
+        "memory": float(psutil.virtual_memory().total),
+    }
+
+
+def default_reserve(total: dict[str, float]) -> dict[str, float]:
+    cpus = total.get("CPU", 0.0)
+    return {"CPU": 1.0 if cpus >= 8 else 0.0, "memory": min(2.0 * 2**30, 0.1 * total.get("memory", 0.0))}
+
+
+def effective_capacity(config: ServerConfig, measured: dict[str, float] | None = None) -> dict[str, float]:
+    if config.capacity is not None:
+        return {k: float(v) for k, v in config.capacity.items()}
+    total = measured if measured is not None else machine_capacity()
+    reserve = config.reserve if config.reserve is not None else default_reserve(total)
+    return {k: max(0.0, v - reserve.get(k, 0.0)) for k, v in total.items()}

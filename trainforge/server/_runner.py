@@ -1,0 +1,142 @@
+"""The runner: one process per started job, ``python -m trainforge.server._runner <job_dir>``.
+
+The server starts it in its own session (so the job outlives a crash of the server) with its output
+going to ``<job_dir>/output.log``, and with ``$TRAINFORGE_JOB_ID``, ``$TRAINFORGE_JOB_EVENTS`` and
+``$TRAINFORGE_LOCAL_RESOURCES=@<job_dir>/grant.json`` set (plus ``CUDA_VISIBLE_DEVICES`` for a GPU
+grant). It runs the job through the same public trainer code as a local ``fit()``: a pickled trainer
+(``trainer.submit()``) or one returned by ``module:function`` is fitted with ``fit_iter()``; a script
+is run as ``__main__``, and each ``fit()`` it calls is one of the job's runs. Every run appends its
+events to the job's events file (:mod:`trainforge._internal.job_events`).
+
+It ends by writing ``<job_dir>/exit.json`` (``status``: succeeded | failed | stopped, ``error``,
+``failure_class``) and, for a trainer job, ``<job_dir>/result.pkl`` (the :class:`~trainforge.Result`
+that ``fit()`` would return, pickled). Ctrl-C (SIGINT, which the server sends to stop a job) stops
+the workers as in a terminal; the latest committed checkpoint stays. A runner killed before it
+wrote ``exit.json`` is what the server calls *lost*.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import runpy
+import sys
+import traceback
+from typing import Any
+
+SPEC_FILE = "spec.json"
+TRAINER_FILE = "trainer.pkl"
+RESULT_FILE = "result.pkl"
+EXIT_FILE = "exit.json"
+EVENTS_FILE = "events.jsonl"
+OUTPUT_FILE = "output.log"
+GRANT_FILE = "grant.json"
+
+
+def _write_json_atomic(path: str, value: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _load_trainer(job_dir: str, spec: dict[str, Any]) -> Any:
+    import cloudpickle
+
+    if spec["kind"] == "trainer":
+        with open(os.path.join(job_dir, TRAINER_FILE), "rb") as f:
+            trainer = cloudpickle.load(f)
+    else:  # "function": "pkg.module:make_trainer"
+        module_name, _, attr = spec["target"].partition(":")
+        trainer = getattr(importlib.import_module(module_name), attr)(*spec.get("args", []))
+        if not hasattr(trainer, "fit_iter"):
+            raise TypeError(
+                f"{spec['target']}() returned {trainer!r}, not a trainer: return a DataParallelTrainer "
+                "(or TorchTrainer, ...) without calling fit() on it."
+            )
+    resume = spec.get("resume_run_path")
+    if resume and type(trainer).can_restore(resume):
+        # A requeued job (its runner was lost): continue the interrupted run from its latest checkpoint.
+        print(f"trainforge job {os.environ.get('TRAINFORGE_JOB_ID')}: resuming run {resume}", flush=True)
+        overrides = {"datasets": trainer.datasets} if getattr(trainer, "datasets", None) else {}
+        trainer = type(trainer).restore(resume, **overrides)
+    return trainer
+
+
+def _run_trainer(job_dir: str, spec: dict[str, Any]) -> dict[str, Any]:
+    import cloudpickle
+
+    trainer = _load_trainer(job_dir, spec)
+    run = trainer.fit_iter()
+    for _ in run:
+        pass
+    result = run.result
+    try:
+        blob = cloudpickle.dumps(result)
+    except Exception as exc:  # an error object that does not pickle: keep the rest
+        print(f"trainforge: the run's result cannot be pickled ({exc}); its error is kept as text", flush=True)
+        result.error = RuntimeError(str(result.error))
+        blob = cloudpickle.dumps(result)
+    tmp = os.path.join(job_dir, RESULT_FILE + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(blob)
+    os.replace(tmp, os.path.join(job_dir, RESULT_FILE))
+    if result.error is not None:
+        return {"status": "failed", "failure_class": "user_error", "error": str(result.error), "exit_code": 1}
+    return {"status": "succeeded", "exit_code": 0}
+
+
+def _run_script(spec: dict[str, Any]) -> dict[str, Any]:
+    path = spec["path"]
+    sys.argv = [path, *spec.get("args", [])]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code != 0:
+            return {"status": "failed", "failure_class": "user_error", "error": f"exit code {code}", "exit_code": code}
+    return {"status": "succeeded", "exit_code": 0}
+
+
+def main(job_dir: str) -> int:
+    with open(os.path.join(job_dir, SPEC_FILE)) as f:
+        spec = json.load(f)
+    if spec.get("cwd"):
+        os.chdir(spec["cwd"])
+    for entry in reversed(spec.get("sys_path", [])):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    job_id = os.environ.get("TRAINFORGE_JOB_ID")
+    print(f"trainforge job {job_id}: runner pid {os.getpid()}, grant {open(os.path.join(job_dir, GRANT_FILE)).read()}",
+          flush=True)  # fmt: skip
+    try:
+        if spec["kind"] == "script":
+            outcome = _run_script(spec)
+        else:
+            outcome = _run_trainer(job_dir, spec)
+    except KeyboardInterrupt:
+        print(f"trainforge job {job_id}: stopped", flush=True)
+        outcome = {"status": "stopped", "exit_code": 130}
+    except BaseException as exc:  # the job's own code failed before or outside fit()
+        traceback.print_exc()
+        outcome = {
+            "status": "failed",
+            "failure_class": "user_error",
+            "error": f"{type(exc).__name__}: {exc}",
+            "exit_code": 1,
+        }
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _write_json_atomic(os.path.join(job_dir, EXIT_FILE), outcome)
+    return int(outcome["exit_code"])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print("usage: python -m trainforge.server._runner JOB_DIR", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,589 @@
+"""``JobService``: the train server's core, under its HTTP API. Queues jobs, decides (with
+:func:`~trainforge.server._scheduler.decide`) on every event, starts a runner per admitted job,
+follows it, stops it, and reattaches the runners that outlived a previous server.
+
+Every change is written to the :class:`~trainforge.server._store.JobStore` *before* it takes effect
+(the grant before the runner starts; the runner's pid and start time as soon as it exists), so a
+server killed at any point finds on restart what it had started. A job's processes all carry
+``TRAINFORGE_JOB_ID`` and ``TRAINFORGE_SERVER_ID`` in their environment, so anything left of a job
+is found and killed by them, whoever its parent is now.
+
+Threads: the API's (any number) call the public methods; one waiter per runner (``Popen.wait`` for
+a runner this server started, a pidfd for one it reattached); one tailer that reads the runners'
+event files every 50 ms. Scheduling runs under one lock, on the thread whose event caused it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+import psutil
+
+from trainforge._internal import constants
+from trainforge.server import _store as st
+from trainforge.server._runner import (
+    EVENTS_FILE,
+    EXIT_FILE,
+    GRANT_FILE,
+    OUTPUT_FILE,
+    RESULT_FILE,
+    SPEC_FILE,
+    TRAINER_FILE,
+)
+from trainforge.server._scheduler import JobRequest, Pending, check_fits, decide, free_resources
+
+logger = logging.getLogger(__name__)
+
+ENV_SERVER_ID = "TRAINFORGE_SERVER_ID"
+_TAIL_INTERVAL_S = 0.05
+
+
+class NotFoundError(LookupError):
+    """No such job (HTTP 404)."""
+
+
+class ConflictError(RuntimeError):
+    """The job is not in a state that allows this (HTTP 409)."""
+
+
+@dataclasses.dataclass
+class _Runner:
+    job_id: int
+    pid: int
+    popen: subprocess.Popen[bytes] | None  # None: reattached after a server restart
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+def request_of(job: st.JobRow) -> JobRequest:
+    spec = job.spec
+    return JobRequest(
+        job_id=job.id,
+        seq=job.id,
+        per_worker=spec.get("per_worker", {}),
+        min_workers=int(spec.get("min_workers", 1)),
+        max_workers=spec.get("max_workers"),
+        driver=spec.get("driver", {}),
+        priority=job.priority,
+        held=job.state == st.HELD,
+    )
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as f:
+            value = json.load(f)
+        return value if isinstance(value, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+class JobService:
+    def __init__(self, state_dir: str, capacity: dict[str, float], *, durable: bool = False, stop_grace_s: float = 10.0):
+        self.state_dir = state_dir
+        self.jobs_dir = os.path.join(state_dir, "jobs")
+        os.makedirs(self.jobs_dir, exist_ok=True)
+        self.capacity = dict(capacity)
+        self.stop_grace_s = stop_grace_s
+        self.store = st.JobStore(os.path.join(state_dir, "state.db"), durable=durable)
+        self.server_id = self._server_id()
+        self._lock = threading.RLock()
+        self._runners: dict[int, _Runner] = {}
+        self._requests: dict[int, JobRequest] = {}  # waiting jobs (queued or held)
+        self._grants: dict[int, dict[str, float]] = {}  # jobs holding resources
+        self._gpu_owner: dict[str, int] = {}
+        self._pending: dict[int, Pending] = {}
+        self._offsets: dict[int, int] = {}
+        self._ingest_locks: dict[int, threading.Lock] = {}
+        self._closing = threading.Event()
+        self._tailer: threading.Thread | None = None
+        self.last_decision_s = 0.0
+        self.started_at = time.time()
+
+    def _server_id(self) -> str:
+        path = os.path.join(self.state_dir, "server_id")
+        value = (open(path).read().strip() if os.path.exists(path) else "") or uuid.uuid4().hex[:12]
+        with open(path, "w") as f:
+            f.write(value)
+        return value
+
+    def job_dir(self, job_id: int) -> str:
+        return os.path.join(self.jobs_dir, str(job_id))
+
+    # -- start-up and shut-down -------------------------------------------------------------------
+    def recover(self) -> dict[str, int]:
+        """Before serving: load the queue, reattach the runners that are still alive, finish the jobs
+        whose runner ended while the server was down (from their exit file) and mark vanished ones
+        lost. Returns counts by outcome."""
+        counts = {"queued": 0, "reattached": 0, "ended": 0, "lost": 0}
+        with self._lock:
+            for job in self.store.jobs(st.WAITING_STATES, newest_first=False):
+                self._requests[job.id] = request_of(job)
+                counts["queued"] += 1
+            for job in self.store.jobs(st.ACTIVE_STATES, newest_first=False):
+                self._grants[job.id] = dict(job.grant or {})
+                for gpu in job.gpu_ids or []:
+                    self._gpu_owner[gpu] = job.id
+                self._offsets[job.id] = job.events_offset
+                pid = job.pid if job.pid is not None else self._find_runner(job.id)
+                if pid is not None and self._alive(pid, job.pid_start_time if job.pid is not None else None):
+                    runner = _Runner(job.id, pid, None)
+                    self._runners[job.id] = runner
+                    self.store.update(job.id, "reattached", {"pid": pid}, pid=pid)
+                    threading.Thread(target=self._watch_pid, args=(runner,), daemon=True, name=f"tf-job{job.id}").start()
+                    counts["reattached"] += 1
+                else:
+                    counts["ended" if os.path.exists(os.path.join(self.job_dir(job.id), EXIT_FILE)) else "lost"] += 1
+                    self._finish(job.id, None, schedule=False)
+            self._schedule()
+        return counts
+
+    def start(self) -> None:
+        self._tailer = threading.Thread(target=self._tail_loop, daemon=True, name="tf-tailer")
+        self._tailer.start()
+
+    def active_jobs(self) -> list[int]:
+        with self._lock:
+            return sorted(self._runners)
+
+    def close(self) -> None:
+        """Stop following the jobs (they keep running; the next server reattaches them)."""
+        self._closing.set()
+        if self._tailer is not None:
+            self._tailer.join(timeout=5)
+        self.store.close()
+
+    # -- submission and changes -------------------------------------------------------------------
+    def submit(
+        self,
+        *,
+        name: str,
+        spec: dict[str, Any],
+        trainer_blob: bytes | None = None,
+        priority: int = 0,
+        hold: bool = False,
+        max_retries: int = 1,
+        submission_id: str | None = None,
+    ) -> tuple[st.JobRow, bool]:
+        """Queue a job; ValueError (with the numbers) if it can never fit. With a known
+        ``submission_id``, returns that job and False instead of queueing another."""
+        probe = JobRequest(
+            job_id=0, seq=0, per_worker=spec.get("per_worker", {}), min_workers=int(spec.get("min_workers", 1)),
+            max_workers=spec.get("max_workers"), driver=spec.get("driver", {}),
+        )  # fmt: skip
+        check_fits(probe, self.capacity)
+        staging = os.path.join(self.jobs_dir, f".new-{uuid.uuid4().hex}")
+        os.makedirs(staging)
+        if trainer_blob is not None:
+            with open(os.path.join(staging, TRAINER_FILE), "wb") as f:
+                f.write(trainer_blob)
+        with self._lock:
+            job, created = self.store.add_job(
+                name=name, kind=spec["kind"], spec=spec, priority=priority, held=hold,
+                max_retries=max_retries, submission_id=submission_id,
+            )  # fmt: skip
+            if not created:
+                shutil.rmtree(staging, ignore_errors=True)
+                return job, False
+            os.replace(staging, self.job_dir(job.id))
+            self._write_spec(job)
+            self._requests[job.id] = request_of(job)
+            self._schedule()
+        return self.get(job.id), True
+
+    def _write_spec(self, job: st.JobRow) -> None:
+        with open(os.path.join(self.job_dir(job.id), SPEC_FILE), "w") as f:
+            json.dump(job.spec, f)
+
+    def get(self, job_id: int) -> st.JobRow:
+        job = self.store.get(job_id)
+        if job is None:
+            raise NotFoundError(f"no job {job_id} (list them with `trainforge jobs`)")
+        return job
+
+    def pending(self, job_id: int) -> Pending | None:
+        return self._pending.get(job_id)
+
+    def patch(self, job_id: int, *, priority: int | None = None, hold: bool | None = None) -> st.JobRow:
+        with self._lock:
+            job = self.get(job_id)
+            if job.state not in st.WAITING_STATES:
+                raise ConflictError(
+                    f"job {job_id} is {job.state}: priority and hold can be changed only while it waits in the queue"
+                )
+            fields: dict[str, Any] = {}
+            if priority is not None and priority != job.priority:
+                fields["priority"] = priority
+            if hold is not None and hold != (job.state == st.HELD):
+                fields["state"] = st.HELD if hold else st.QUEUED
+            if fields:
+                event = "held" if hold and "state" in fields else "released" if "state" in fields else "priority"
+                self.store.update(job_id, event, {"priority": fields.get("priority", job.priority)}, **fields)
+                self._requests[job_id] = request_of(self.get(job_id))
+                self._schedule()
+            return self.get(job_id)
+
+    def retry(self, job_id: int) -> st.JobRow:
+        """Queue a finished job again; a trainer job continues its last run from its latest checkpoint."""
+        with self._lock:
+            job = self.get(job_id)
+            if job.state not in (st.FAILED, st.STOPPED):
+                raise ConflictError(f"job {job_id} is {job.state}: only a FAILED or STOPPED job can be retried")
+            spec = dict(job.spec)
+            if job.run_path:
+                spec["resume_run_path"] = job.run_path
+            self.store.update(job_id, "retry", None, state=st.QUEUED, ended_at=None, spec=spec)
+            self._requeue(job_id)
+            self._schedule()
+            return self.get(job_id)
+
+    def _requeue(self, job_id: int) -> None:
+        job = self.get(job_id)
+        self._write_spec(job)
+        self._requests[job_id] = request_of(job)
+
+    def delete(self, job_id: int) -> None:
+        with self._lock:
+            job = self.get(job_id)
+            if job.state not in st.TERMINAL_STATES:
+                raise ConflictError(f"job {job_id} is {job.state}: stop it first; only ended jobs can be deleted")
+            self.store.delete(job_id)
+        shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
+
+    # -- stopping ---------------------------------------------------------------------------------
+    def stop(self, job_id: int, *, grace_s: float | None = None, force: bool = False) -> st.JobRow:
+        """Stop a job. A waiting one is cancelled at once. A running one is sent SIGINT (as Ctrl-C:
+        its workers stop, committed checkpoints stay), or SIGKILL with ``force``; whatever is left of
+        it after ``grace_s`` is killed. Returns once every process of the job is gone and its grant
+        is released."""
+        grace = self.stop_grace_s if grace_s is None else grace_s
+        with self._lock:
+            job = self.get(job_id)
+            if job.state in st.WAITING_STATES:
+                self._requests.pop(job_id, None)
+                self._pending.pop(job_id, None)
+                self.store.update(
+                    job_id, "stopped", {"while": job.state}, state=st.STOPPED, ended_at=time.time(),
+                    failure_class="stopped",
+                )  # fmt: skip
+                self._schedule()
+                return self.get(job_id)
+            if job.state not in st.ACTIVE_STATES:
+                raise ConflictError(f"job {job_id} already ended ({job.state}); nothing to stop")
+            runner = self._runners.get(job_id)
+            if job.state != st.STOPPING:
+                self.store.update(job_id, "stopping", {"grace_s": grace, "force": force}, state=st.STOPPING)
+        if runner is None:  # STARTING without a runner yet cannot happen under the lock; be safe
+            self._kill_job(job_id)
+            self._finish(job_id, None)
+            return self.get(job_id)
+        if not force:
+            try:
+                os.kill(runner.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+        if force or not runner.done.wait(grace):
+            self._kill_job(job_id, runner.pid)
+        if not runner.done.wait(30.0):
+            raise RuntimeError(f"job {job_id}: its runner (pid {runner.pid}) did not go away after SIGKILL")
+        return self.get(job_id)
+
+    def job_processes(self, job_id: int) -> list[psutil.Process]:
+        """Every live process of the job on this machine, found by its environment."""
+        want = str(job_id)
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                env = proc.environ()
+            except (psutil.Error, OSError):
+                continue
+            if env.get(constants.ENV_JOB_ID) == want and env.get(ENV_SERVER_ID) == self.server_id:
+                found.append(proc)
+        return found
+
+    def _find_runner(self, job_id: int) -> int | None:
+        for proc in self.job_processes(job_id):
+            try:
+                if "trainforge.server._runner" in " ".join(proc.cmdline()):
+                    return proc.pid
+            except psutil.Error:
+                continue
+        return None
+
+    def _kill_job(self, job_id: int, runner_pid: int | None = None) -> None:
+        procs = self.job_processes(job_id)
+        if runner_pid is not None and all(p.pid != runner_pid for p in procs):
+            try:
+                procs.append(psutil.Process(runner_pid))
+            except psutil.Error:
+                pass
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        me = os.getpid()
+        for proc in procs:
+            try:
+                if proc.ppid() == me and (self._runners.get(job_id) is None or proc.pid != runner_pid):
+                    os.waitpid(proc.pid, 0)  # an orphan handed to us (subreaper): reap it
+                else:
+                    proc.wait(timeout=10)
+            except (psutil.Error, ChildProcessError, OSError):
+                pass
+
+    @staticmethod
+    def _alive(pid: int, start_time: float | None) -> bool:
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return False
+            return start_time is None or abs(proc.create_time() - start_time) < 0.01
+        except psutil.Error:
+            return False
+
+    # -- scheduling and starting ------------------------------------------------------------------
+    def _schedule(self) -> None:
+        with self._lock:
+            if self._closing.is_set():
+                return
+            t0 = time.perf_counter()
+            decision = decide(list(self._requests.values()), list(self._grants.values()), self.capacity)
+            self.last_decision_s = time.perf_counter() - t0
+            self._pending = {p.job_id: p for p in decision.pending}
+            for start in decision.starts:
+                self._start(start.job_id, start.workers, start.grant)
+
+    def queue(self) -> list[Pending]:
+        with self._lock:
+            return [self._pending[j] for j in self._pending]
+
+    def free(self) -> dict[str, float]:
+        with self._lock:
+            return free_resources(self.capacity, self._grants.values())
+
+    def grants(self) -> dict[int, dict[str, Any]]:
+        with self._lock:
+            owners: dict[int, list[str]] = {}
+            for gpu, job_id in self._gpu_owner.items():
+                owners.setdefault(job_id, []).append(gpu)
+            return {j: {"grant": dict(g), "gpu_ids": sorted(owners.get(j, []))} for j, g in self._grants.items()}
+
+    def gpu_owners(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._gpu_owner)
+
+    def _gpu_ids(self) -> list[str]:
+        from trainforge._internal.worker_env import local_gpu_ids
+
+        return local_gpu_ids()[: int(self.capacity.get("GPU", 0))]
+
+    def _start(self, job_id: int, workers: int, grant: dict[str, float]) -> None:
+        job = self.get(job_id)
+        request = self._requests.pop(job_id)
+        self._pending.pop(job_id, None)
+        want_gpus = int(round(grant.get("GPU", 0.0)))
+        gpu_ids = [g for g in self._gpu_ids() if g not in self._gpu_owner][:want_gpus]
+        job_dir = self.job_dir(job_id)
+        # What the job's workers may use (the driver's share is not theirs): re-read by the core at
+        # every sizing decision, so an elastic job sizes itself to its grant.
+        workers_share = {k: workers * v for k, v in request.per_worker.items()}
+        with open(os.path.join(job_dir, GRANT_FILE), "w") as f:
+            json.dump(workers_share, f)
+        for stale in (EXIT_FILE, RESULT_FILE):
+            try:
+                os.remove(os.path.join(job_dir, stale))
+            except FileNotFoundError:
+                pass
+        attempt = job.attempt + 1
+        self._grants[job_id] = dict(grant)
+        for gpu in gpu_ids:
+            self._gpu_owner[gpu] = job_id
+        self._offsets.setdefault(job_id, job.events_offset)
+        # Persisted before the runner exists: a server killed right after this finds the job by its id.
+        self.store.update(
+            job_id, "starting", {"workers": workers, "grant": grant, "gpu_ids": gpu_ids, "attempt": attempt},
+            state=st.STARTING, grant=grant, workers=workers, gpu_ids=gpu_ids, attempt=attempt,
+            started_at=time.time(), ended_at=None, exit_code=None, error=None, failure_class=None, pid=None,
+        )  # fmt: skip
+        env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in (job.spec.get("env") or {}).items()})
+        env[constants.ENV_JOB_ID] = str(job_id)
+        env[ENV_SERVER_ID] = self.server_id
+        env[constants.ENV_JOB_EVENTS] = os.path.join(job_dir, EVENTS_FILE)
+        env[constants.ENV_LOCAL_RESOURCES] = "@" + os.path.join(job_dir, GRANT_FILE)
+        if want_gpus or self._gpu_ids():
+            env[constants.ENV_CUDA_VISIBLE_DEVICES] = ",".join(gpu_ids)
+        env["PYTHONUNBUFFERED"] = "1"
+        try:
+            with open(os.path.join(job_dir, OUTPUT_FILE), "ab") as out:
+                popen = subprocess.Popen(
+                    [sys.executable, "-m", "trainforge.server._runner", job_dir],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                    cwd=job_dir, start_new_session=True,
+                )  # fmt: skip
+        except OSError as exc:
+            self._release(job_id)
+            self.store.update(
+                job_id, "failed", {"error": str(exc)}, state=st.FAILED, failure_class="infra",
+                error=f"could not start the job's runner: {exc}", ended_at=time.time(),
+            )  # fmt: skip
+            return
+        try:
+            start_time: float | None = psutil.Process(popen.pid).create_time()
+        except psutil.Error:
+            start_time = None
+        runner = _Runner(job_id, popen.pid, popen)
+        self._runners[job_id] = runner
+        self.store.update(job_id, "running", {"pid": popen.pid}, state=st.RUNNING, pid=popen.pid, pid_start_time=start_time)
+        threading.Thread(target=self._wait_child, args=(runner,), daemon=True, name=f"tf-job{job_id}").start()
+
+    def _release(self, job_id: int) -> None:
+        self._grants.pop(job_id, None)
+        for gpu in [g for g, j in self._gpu_owner.items() if j == job_id]:
+            del self._gpu_owner[gpu]
+
+    # -- following runners ------------------------------------------------------------------------
+    def _wait_child(self, runner: _Runner) -> None:
+        assert runner.popen is not None
+        code = runner.popen.wait()
+        self._finish(runner.job_id, code)
+
+    def _watch_pid(self, runner: _Runner) -> None:
+        try:
+            fd = os.pidfd_open(runner.pid)
+        except (OSError, AttributeError):
+            fd = None
+        if fd is not None:
+            try:
+                select.select([fd], [], [])
+            finally:
+                os.close(fd)
+        else:  # no pidfd (old kernel): poll
+            while self._alive(runner.pid, None):
+                time.sleep(0.1)
+        self._finish(runner.job_id, None)
+
+    def _finish(self, job_id: int, returncode: int | None, *, schedule: bool = True) -> None:
+        """The job's runner is gone (``returncode`` None when it was not our child): read what it
+        left, kill any process of the job still alive, release the grant, record the outcome."""
+        if self._closing.is_set():
+            return
+        self._ingest(job_id)
+        self._kill_job(job_id)
+        outcome = _read_json(os.path.join(self.job_dir(job_id), EXIT_FILE))
+        with self._lock:
+            job = self.get(job_id)
+            runner = self._runners.pop(job_id, None)
+            self._release(job_id)
+            now = time.time()
+            common: dict[str, Any] = {"ended_at": now, "pid": None}
+            if outcome is not None:
+                status = outcome.get("status")
+                state = {"succeeded": st.SUCCEEDED, "stopped": st.STOPPED}.get(str(status), st.FAILED)
+                if job.state == st.STOPPING and state == st.FAILED:
+                    state = st.STOPPED
+                failure = outcome.get("failure_class") if state == st.FAILED else ("stopped" if state == st.STOPPED else None)
+                self.store.update(
+                    job_id, "ended", {"exit_code": outcome.get("exit_code"), "error": outcome.get("error")},
+                    state=state, exit_code=outcome.get("exit_code"), error=outcome.get("error"),
+                    failure_class=failure, **common,
+                )  # fmt: skip
+            elif job.state == st.STOPPING:
+                self.store.update(
+                    job_id, "ended", {"exit_code": returncode, "killed": True}, state=st.STOPPED,
+                    exit_code=returncode, failure_class="stopped", **common,
+                )  # fmt: skip
+            else:
+                how = f"exit code {returncode}" if returncode is not None and returncode >= 0 else (
+                    f"killed by {signal.Signals(-returncode).name}" if returncode is not None else "gone"
+                )  # fmt: skip
+                error = f"the job's runner (pid {job.pid}) ended without an outcome ({how})"
+                if job.attempt <= job.max_retries:
+                    spec = dict(job.spec)
+                    if job.run_path:
+                        spec["resume_run_path"] = job.run_path
+                    self.store.update_many(
+                        [
+                            (job_id, "lost", {"error": error}, {"state": st.LOST, "error": error, "pid": None}),
+                            (job_id, "requeued", {"attempt": job.attempt, "max_retries": job.max_retries},
+                             {"state": st.QUEUED, "spec": spec}),
+                        ]
+                    )  # fmt: skip
+                    self._requeue(job_id)
+                else:
+                    self.store.update_many(
+                        [
+                            (job_id, "lost", {"error": error}, {"state": st.LOST, "error": error}),
+                            (job_id, "ended", {"error": error},
+                             {"state": st.FAILED, "failure_class": "lost", "error": error, **common}),
+                        ]
+                    )  # fmt: skip
+            if schedule:
+                self._schedule()
+        if runner is not None:
+            runner.done.set()
+
+    def _tail_loop(self) -> None:
+        while not self._closing.wait(_TAIL_INTERVAL_S):
+            for job_id in list(self._runners):
+                try:
+                    self._ingest(job_id)
+                except Exception:  # a bad line or a vanished file must not stop the others
+                    logger.exception("reading job %s's events", job_id)
+
+    def _ingest(self, job_id: int) -> None:
+        """Read the job's new events (complete lines past the stored offset) into the store: the
+        lifecycle ones as events, the reports as the job's latest metrics; the new offset in the same
+        transaction, so nothing is recorded twice after a server restart."""
+        lock = self._ingest_locks.setdefault(job_id, threading.Lock())
+        with lock:
+            path = os.path.join(self.job_dir(job_id), EVENTS_FILE)
+            offset = self._offsets.get(job_id)
+            if offset is None:
+                offset = self._offsets[job_id] = self.get(job_id).events_offset
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except FileNotFoundError:
+                return
+            end = data.rfind(b"\n")
+            if end < 0:
+                return
+            changes: list[tuple[int, str | None, dict[str, Any] | None, dict[str, Any]]] = []
+            fields: dict[str, Any] = {}
+            reports = 0
+            for line in data[: end + 1].splitlines():
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                kind = event.get("type")
+                if kind == "report":
+                    reports += 1
+                    fields["last_metrics"] = event.get("metrics")
+                elif kind == "run_start":
+                    changes.append((job_id, "run_start", {"run_path": event.get("run_path")}, {"run_path": event.get("run_path")}))
+                elif kind in ("restart", "run_end"):
+                    payload = {k: v for k, v in event.items() if k not in ("type", "metrics")}
+                    changes.append((job_id, kind, payload, {}))
+            new_offset = offset + end + 1
+            if reports:
+                job = self.get(job_id)
+                fields["reports"] = job.reports + reports
+            fields["events_offset"] = new_offset
+            changes.append((job_id, None, None, fields))
+            self.store.update_many(changes)
+            self._offsets[job_id] = new_offset

@@ -1,0 +1,356 @@
+"""The train server's state: jobs and their events, in SQLite.
+
+One database file (``<state_dir>/state.db``), WAL mode with ``synchronous=NORMAL`` (a commit survives
+a crash of the server; only a power loss can roll back the last ones), ``busy_timeout`` 5 s. Every
+write goes through **one** connection behind a lock (one writer, as SQLite wants: concurrent
+writers on separate connections are what gives "database is locked" under bursts); reads use a
+connection per thread, which WAL lets run beside the writer.
+
+Each change of a job is one transaction: the row's update and an ``events`` row with a monotonic
+``seq``. ``seq`` is the id of the server-sent event that carries it, so a client that reconnects
+with ``Last-Event-ID`` misses nothing (:meth:`JobStore.events_after`, :meth:`JobStore.wait_events`).
+The schema version is ``PRAGMA user_version``; a migration is one transaction, done before the server
+serves anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+QUEUED = "QUEUED"
+HELD = "HELD"
+STARTING = "STARTING"
+RUNNING = "RUNNING"
+STOPPING = "STOPPING"
+SUCCEEDED = "SUCCEEDED"
+FAILED = "FAILED"
+STOPPED = "STOPPED"
+LOST = "LOST"
+
+WAITING_STATES = (QUEUED, HELD)
+ACTIVE_STATES = (STARTING, RUNNING, STOPPING)  # a runner holds a grant
+TERMINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
+ALL_STATES = (QUEUED, HELD, STARTING, RUNNING, STOPPING, SUCCEEDED, FAILED, STOPPED, LOST)
+
+_SCHEMA_VERSION = 1
+_MIGRATIONS = {
+    1: """
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        name TEXT NOT NULL,
+        submission_id TEXT UNIQUE,
+        kind TEXT NOT NULL,
+        state TEXT NOT NULL,
+        priority INTEGER NOT NULL DEFAULT 0,
+        spec TEXT NOT NULL,
+        submitted_at REAL NOT NULL,
+        started_at REAL,
+        ended_at REAL,
+        attempt INTEGER NOT NULL DEFAULT 0,
+        max_retries INTEGER NOT NULL DEFAULT 1,
+        grant_json TEXT,
+        workers INTEGER,
+        gpu_ids TEXT,
+        pid INTEGER,
+        pid_start_time REAL,
+        run_path TEXT,
+        exit_code INTEGER,
+        failure_class TEXT,
+        error TEXT,
+        events_offset INTEGER NOT NULL DEFAULT 0,
+        last_metrics TEXT,
+        reports INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX jobs_state ON jobs(state, id);
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id INTEGER NOT NULL,
+        ts REAL NOT NULL,
+        type TEXT NOT NULL,
+        payload TEXT NOT NULL
+    );
+    CREATE INDEX events_job ON events(job_id, seq);
+    """,
+}
+
+
+@dataclasses.dataclass
+class JobRow:
+    id: int
+    name: str
+    submission_id: str | None
+    kind: str
+    state: str
+    priority: int
+    spec: dict[str, Any]
+    submitted_at: float
+    started_at: float | None
+    ended_at: float | None
+    attempt: int
+    max_retries: int
+    grant: dict[str, float] | None
+    workers: int | None
+    gpu_ids: list[str] | None
+    pid: int | None
+    pid_start_time: float | None
+    run_path: str | None
+    exit_code: int | None
+    failure_class: str | None
+    error: str | None
+    events_offset: int
+    last_metrics: dict[str, Any] | None
+    reports: int
+
+    @classmethod
+    def from_sql(cls, row: sqlite3.Row) -> JobRow:
+        d = dict(row)
+        d["spec"] = json.loads(d["spec"])
+        d["grant"] = json.loads(d.pop("grant_json")) if d.get("grant_json") else None
+        d["gpu_ids"] = json.loads(d["gpu_ids"]) if d["gpu_ids"] else None
+        d["last_metrics"] = json.loads(d["last_metrics"]) if d["last_metrics"] else None
+        d.pop("grant_json", None)
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    seq: int
+    job_id: int
+    ts: float
+    type: str
+    payload: dict[str, Any]
+
+
+_JSON_COLUMNS = {"spec", "grant_json", "gpu_ids", "last_metrics"}
+_COLUMNS = {
+    "name", "state", "priority", "started_at", "ended_at", "attempt", "max_retries", "grant_json", "workers",
+    "gpu_ids", "pid", "pid_start_time", "run_path", "exit_code", "failure_class", "error", "events_offset",
+    "last_metrics", "reports", "spec",
+}  # fmt: skip
+
+
+class JobStore:
+    """Jobs and events in ``path`` (created and migrated on open). Thread-safe."""
+
+    def __init__(self, path: str, *, durable: bool = False):
+        self.path = path
+        self._durable = durable
+        self._write_lock = threading.Lock()
+        self._local = threading.local()
+        self._new_event = threading.Condition()
+        self._last_seq = 0
+        self._writer = self._connect()
+        self._migrate()
+        self._last_seq = self._writer.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+
+    # -- connections ------------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={'FULL' if self._durable else 'NORMAL'}")
+        conn.execute("PRAGMA busy_timeout=5000")
+        return conn
+
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._connect()
+        return conn
+
+    def close(self) -> None:
+        with self._write_lock:
+            self._writer.close()
+
+    def _migrate(self) -> None:
+        with self._write_lock:
+            version = self._writer.execute("PRAGMA user_version").fetchone()[0]
+            if version > _SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"{self.path} was written by a newer trainforge (schema {version}, this one knows "
+                    f"{_SCHEMA_VERSION}): upgrade trainforge, or start the server with another --state-dir."
+                )
+            for target in range(version + 1, _SCHEMA_VERSION + 1):
+                self._writer.execute("BEGIN IMMEDIATE")
+                try:
+                    for statement in _MIGRATIONS[target].split(";"):
+                        if statement.strip():
+                            self._writer.execute(statement)
+                    self._writer.execute(f"PRAGMA user_version={target}")
+                    self._writer.execute("COMMIT")
+                except BaseException:
+                    self._writer.execute("ROLLBACK")
+                    raise
+
+    # -- writes -----------------------------------------------------------------------------------
+    def _transaction(self, work: Any) -> Any:
+        with self._write_lock:
+            conn = self._writer
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                value = work(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+        if seq != self._last_seq:
+            with self._new_event:
+                self._last_seq = max(self._last_seq, seq)
+                self._new_event.notify_all()
+        return value
+
+    @staticmethod
+    def _event(conn: sqlite3.Connection, job_id: int, type_: str, payload: dict[str, Any]) -> int:
+        cur = conn.execute(
+            "INSERT INTO events(job_id, ts, type, payload) VALUES (?, ?, ?, ?)",
+            (job_id, time.time(), type_, json.dumps(payload)),
+        )
+        return int(cur.lastrowid or 0)
+
+    def add_job(
+        self,
+        *,
+        name: str,
+        kind: str,
+        spec: dict[str, Any],
+        priority: int = 0,
+        held: bool = False,
+        max_retries: int = 1,
+        submission_id: str | None = None,
+    ) -> tuple[JobRow, bool]:
+        """Insert a job (QUEUED, or HELD) and its ``submitted`` event. With a ``submission_id`` that
+        is already known, nothing is inserted: returns ``(that job, False)``."""
+
+        def work(conn: sqlite3.Connection) -> tuple[int, bool]:
+            if submission_id is not None:
+                row = conn.execute("SELECT id FROM jobs WHERE submission_id=?", (submission_id,)).fetchone()
+                if row is not None:
+                    return int(row[0]), False
+            state = HELD if held else QUEUED
+            cur = conn.execute(
+                "INSERT INTO jobs(name, submission_id, kind, state, priority, spec, submitted_at, max_retries) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (name, submission_id, kind, state, priority, json.dumps(spec), time.time(), max_retries),
+            )
+            job_id = int(cur.lastrowid or 0)
+            self._event(conn, job_id, "submitted", {"state": state, "name": name, "priority": priority})
+            return job_id, True
+
+        job_id, created = self._transaction(work)
+        job = self.get(job_id)
+        assert job is not None
+        return job, created
+
+    def update(self, job_id: int, event: str | None = None, payload: dict[str, Any] | None = None, **fields: Any) -> None:
+        """Set ``fields`` of the job and, with ``event``, append that event (``payload`` plus the new
+        state, if it changed), in one transaction."""
+        self.update_many([(job_id, event, payload, fields)])
+
+    def update_many(self, changes: Iterable[tuple[int, str | None, dict[str, Any] | None, dict[str, Any]]]) -> None:
+        changes = list(changes)
+
+        def work(conn: sqlite3.Connection) -> None:
+            for job_id, event, payload, fields in changes:
+                self._apply(conn, job_id, event, payload, fields)
+
+        self._transaction(work)
+
+    def _apply(
+        self, conn: sqlite3.Connection, job_id: int, event: str | None, payload: dict[str, Any] | None, fields: dict
+    ) -> None:
+        columns = dict(fields)
+        if "grant" in columns:
+            columns["grant_json"] = columns.pop("grant")
+        unknown = set(columns) - _COLUMNS
+        if unknown:
+            raise ValueError(f"JobStore.update: unknown field(s) {sorted(unknown)}")
+        if columns:
+            values = [json.dumps(v) if k in _JSON_COLUMNS and v is not None else v for k, v in columns.items()]
+            sets = ", ".join(f"{k}=?" for k in columns)
+            conn.execute(f"UPDATE jobs SET {sets} WHERE id=?", (*values, job_id))
+        if event is not None:
+            body = dict(payload or {})
+            if "state" in fields:
+                body.setdefault("state", fields["state"])
+            self._event(conn, job_id, event, body)
+
+    def delete(self, job_id: int) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+            self._event(conn, job_id, "deleted", {})
+
+        self._transaction(work)
+
+    # -- reads ------------------------------------------------------------------------------------
+    def get(self, job_id: int) -> JobRow | None:
+        row = self._reader().execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return JobRow.from_sql(row) if row is not None else None
+
+    def jobs(
+        self,
+        states: Sequence[str] | None = None,
+        *,
+        before: int | None = None,
+        after: int | None = None,
+        limit: int | None = None,
+        newest_first: bool = True,
+        name: str | None = None,
+    ) -> list[JobRow]:
+        """Jobs in ``states`` (all if None), by id; keyset paging with ``before``/``after`` (ids)."""
+        where: list[str] = []
+        args: list[Any] = []
+        if states:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            args.extend(states)
+        if before is not None:
+            where.append("id < ?")
+            args.append(before)
+        if after is not None:
+            where.append("id > ?")
+            args.append(after)
+        if name:
+            where.append("name LIKE ?")
+            args.append(f"%{name}%")
+        sql = "SELECT * FROM jobs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += f" ORDER BY id {'DESC' if newest_first else 'ASC'}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [JobRow.from_sql(r) for r in self._reader().execute(sql, args)]
+
+    def count(self, states: Sequence[str] | None = None) -> int:
+        sql = "SELECT COUNT(*) FROM jobs"
+        args: list[Any] = []
+        if states:
+            sql += f" WHERE state IN ({','.join('?' * len(states))})"
+            args.extend(states)
+        return int(self._reader().execute(sql, args).fetchone()[0])
+
+    @property
+    def last_seq(self) -> int:
+        return self._last_seq
+
+    def events_after(self, seq: int, job_id: int | None = None, limit: int = 1000) -> list[Event]:
+        sql = "SELECT * FROM events WHERE seq > ?"
+        args: list[Any] = [seq]
+        if job_id is not None:
+            sql += " AND job_id = ?"
+            args.append(job_id)
+        sql += f" ORDER BY seq LIMIT {int(limit)}"
+        return [
+            Event(r["seq"], r["job_id"], r["ts"], r["type"], json.loads(r["payload"]))
+            for r in self._reader().execute(sql, args)
+        ]
+
+    def wait_events(self, seq: int, timeout: float) -> bool:
+        """Wait until an event past ``seq`` exists (True) or ``timeout`` passes (False)."""
+        with self._new_event:
+            return self._new_event.wait_for(lambda: self._last_seq > seq, timeout)
