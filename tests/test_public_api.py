@@ -48,6 +48,12 @@ def test_torch_all_is_pinned():
 
 def test_backend_all_is_pinned():
     assert sorted(trainforge.backend.__all__) == ["Backend", "BackendConfig"]
+    import trainforge.server
+
+    assert sorted(trainforge.server.__all__) == [
+        "Client", "InvalidJobError", "Job", "JobConflictError", "JobNotFoundError", "JobStatus", "ServerConfig",
+        "ServerError", "ServerNotFoundError", "start_background_server",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -72,8 +78,8 @@ def test_ray_style_names():
 
 def test_import_is_light():
     code = (
-        "import sys, trainforge, trainforge.torch, trainforge.backend\n"
-        "heavy = [m for m in ('torch', 'ray', 'pandas', 'pyarrow') if m in sys.modules]\n"
+        "import sys, trainforge, trainforge.torch, trainforge.backend, trainforge.server\n"
+        "heavy = [m for m in ('torch', 'ray', 'pandas', 'pyarrow', 'fastapi', 'uvicorn', 'httpx') if m in sys.modules]\n"
         "print('HEAVY=' + ','.join(heavy))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
