@@ -48,9 +48,9 @@ def test_torch_all_is_pinned():
 
 def test_backend_all_is_pinned():
     assert sorted(trainforge.backend.__all__) == ["Backend", "BackendConfig"]
-    import trainforge.server
+    from trainforge import server
 
-    assert sorted(trainforge.server.__all__) == [
+    assert sorted(server.__all__) == [
         "Client", "InvalidJobError", "Job", "JobConflictError", "JobNotFoundError", "JobStatus", "ServerConfig",
         "ServerError", "ServerNotFoundError", "start_background_server",
     ]  # fmt: skip
