@@ -1,10 +1,26 @@
 """The train server with real processes: jobs queued by resources, results equal to fit(), stop,
-server kill -9 and restart, runner kill -9 (lost, requeued), bursts of submissions."""
+server kill -9 and restart, runner kill -9 (lost, requeued), bursts of submissions.
+
+Job loops that must wait for the test (to hold resources, or to be caught mid-run) wait for a gate
+file the test creates; the test itself waits on events (a report arriving, a job ending) with
+timeouts, never on a sleep."""
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
 import trainforge
-from trainforge import DataParallelTrainer, RunConfig, ScalingConfig
+from trainforge import Checkpoint, DataParallelTrainer, RunConfig, ScalingConfig
+
+pytestmark = pytest.mark.slow
 
 
 def _loop(config):
@@ -12,20 +28,273 @@ def _loop(config):
         trainforge.report({"step": step, "loss": 1.0 / (step + 1), "rank": trainforge.get_context().get_world_rank()})
 
 
-def _trainer(tmp_path, name, steps=5, workers=2):
+def _gated_loop(config):
+    """Reports ``steps`` steps; before step ``gate_at[i]`` waits for file ``gates[i]``. With
+    ``checkpoint``: a checkpoint per step, and a restarted run resumes after the latest one."""
+    import tempfile
+
+    start = 0
+    ckpt = trainforge.get_checkpoint()
+    if ckpt is not None:
+        with open(os.path.join(ckpt.path, "step")) as f:
+            start = int(f.read()) + 1
+    for step in range(start, config["steps"]):
+        for gate_at, gate in zip(config.get("gate_at", []), config.get("gates", [])):
+            if step == gate_at:
+                while not os.path.exists(gate):
+                    time.sleep(0.02)
+        checkpoint = None
+        if config.get("checkpoint") and trainforge.get_context().get_world_rank() == 0:
+            d = tempfile.mkdtemp()
+            with open(os.path.join(d, "step"), "w") as f:
+                f.write(str(step))
+            checkpoint = Checkpoint.from_directory(d)
+        trainforge.report({"step": step, "world": trainforge.get_context().get_world_size()}, checkpoint=checkpoint)
+
+
+def _trainer(tmp_path, name, loop=_loop, workers=2, **config):
+    config.setdefault("steps", 5)
     return DataParallelTrainer(
-        _loop, train_loop_config={"steps": steps}, scaling_config=ScalingConfig(num_workers=workers),
+        loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=workers),
         run_config=RunConfig(name=name, storage_path=str(tmp_path / "runs"), verbose=0),
     )  # fmt: skip
 
 
+def _first_report(job, timeout=120.0):
+    """The job's first report (waits for it on the job's event stream)."""
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(next(iter(job.reports()), None)), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    assert got and got[0] is not None, f"no report from job {job.id} within {timeout} s: {job.status()}"
+    return got[0]
+
+
+def _wait_until(predicate, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _events(job):
+    return job.client.request("GET", f"/jobs/{job.id}/events")
+
+
 def test_submitted_job_returns_the_result_fit_returns(train_server, tmp_path):
     local = _trainer(tmp_path, "local").fit()
-    job = _trainer(tmp_path, "served").submit(address=train_server.url)
+    job = _trainer(tmp_path, "served").submit()
     reports = list(job.reports())
     result = job.result(timeout=120)
     assert [r.metrics for r in reports] == result.metrics_dataframe.to_dict("records")
     assert result.metrics == local.metrics
     assert result.metrics_dataframe.equals(local.metrics_dataframe)
     assert result.path == str(tmp_path / "runs" / "served")
+    status = job.status()
+    assert status.state == "SUCCEEDED" and status.exit_code == 0
+    assert status.raw["reports"] == 5 and status.raw["last_metrics"]["step"] == 4
+
+
+def test_blocking_submit_streams_output_and_callback_gets_the_result(train_server, tmp_path, capsys):
+    trainer = _trainer(tmp_path, "blocking")
+    trainer.run_config.verbose = 1
+    delivered = threading.Event()
+    results = []
+
+    def callback(result):
+        results.append(result)
+        delivered.set()
+
+    job = trainer.submit(wait=True, callback=callback)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"trainforge: submitted job {job.id} to ")
+    assert any("[report 4] step=4" in line for line in lines), lines
+    assert lines[-1] == f"trainforge: job {job.id} (blocking): SUCCEEDED"
+    assert delivered.wait(60)
+    assert results[0].metrics["step"] == 4
+
+
+def test_three_jobs_on_a_capacity_for_two(train_server, tmp_path):
+    gates = [str(tmp_path / f"gate{i}") for i in range(3)]
+    jobs = [
+        _trainer(tmp_path, f"j{i}", _gated_loop, workers=1, steps=2, gate_at=[1], gates=[gates[i]]).submit()
+        for i in range(3)
+    ]
+    first, second = _first_report(jobs[0]), _first_report(jobs[1])
+    assert first.metrics["step"] == 0 and second.metrics["step"] == 0  # both run at once
+    waiting = jobs[2].status()
+    assert waiting.state == "QUEUED"
+    assert waiting.pending == "needs 1 CPU, 0 free" and waiting.position == 1
+    open(gates[0], "w").close()  # job 0 ends: its CPU goes to job 2 at once
+    assert jobs[0].wait(60).state == "SUCCEEDED"
+    _first_report(jobs[2])
+    ended = [e for e in _events(jobs[0]) if e["type"] == "ended"][0]
+    starting = [e for e in _events(jobs[2]) if e["type"] == "starting"][0]
+    assert starting["seq"] > ended["seq"]
+    res = jobs[2].client.resources()
+    assert res["free"]["CPU"] == 0 and set(res["jobs"]) == {str(jobs[1].id), str(jobs[2].id)}
+    open(gates[1], "w").close()
+    open(gates[2], "w").close()
+    assert [j.wait(60).state for j in jobs] == ["SUCCEEDED"] * 3
+    assert jobs[0].client.resources()["free"]["CPU"] == 2
+
+
+def test_stop_ends_every_process_and_releases_the_grant(train_server, tmp_path):
+    gate = str(tmp_path / "never")
+    job = _trainer(tmp_path, "stopped", _gated_loop, steps=3, gate_at=[1], gates=[gate]).submit()
+    _first_report(job)
+    procs = train_server.job_processes(job.id)
+    assert len(procs) >= 3, procs  # the runner and its two workers, found by the job's id
+    queued = _trainer(tmp_path, "queued", workers=1).submit()
+    assert queued.status().state == "QUEUED"
+    assert queued.stop().state == "STOPPED"  # a queued job is cancelled at once
+    status = job.stop(grace_s=5)
+    assert status.state == "STOPPED" and status.failure_class == "stopped"
+    assert train_server.job_processes(job.id) == []
+    assert job.client.resources()["free"] == {"CPU": 2.0}
+    from trainforge.server import JobConflictError
+
+    with pytest.raises(JobConflictError, match="already ended"):
+        job.stop()
+    assert "stopped" in "".join(job.logs())
+
+
+def test_server_kill9_reattaches_running_jobs_and_loses_nothing(train_server, tmp_path):
+    gates = [str(tmp_path / "gate_a"), str(tmp_path / "gate_b")]
+    job = _trainer(tmp_path, "survivor", _gated_loop, steps=20, gate_at=[5, 15], gates=gates).submit()
+    _first_report(job)
+    runner_pid = job.status().raw["pid"]
+    events_file = os.path.join(train_server.state_dir, "jobs", str(job.id), "events.jsonl")
+    train_server.kill9()
+    # While the server is down the job goes on (its runner is in its own session) ...
+    assert train_server.job_processes(job.id)
+    open(gates[0], "w").close()
+    _wait_until(lambda: _count_reports(events_file) >= 15, what="the job to reach step 15 while the server is down")
+    # ... and the restarted server reattaches it before serving, and replays what it did meanwhile.
+    train_server.start()
+    assert "1 running job(s) reattached" in train_server.output
+    client = train_server.client()
+    job = client.job(job.id)
+    status = job.status()
+    assert status.state == "RUNNING" and status.raw["pid"] == runner_pid
+    _wait_until(lambda: job.status().raw["reports"] >= 15, what="the replayed reports")
+    open(gates[1], "w").close()
+    result = job.result(timeout=120)
+    assert list(result.metrics_dataframe["step"]) == list(range(20))
+    assert [r.metrics["step"] for r in job.reports()] == list(range(20))
+    types = [e["type"] for e in _events(job)]
+    assert types.count("reattached") == 1 and types.count("run_start") == 1 and types.count("run_end") == 1
+    assert job.status().raw["reports"] == 20
+
+
+def _count_reports(path):
+    try:
+        with open(path) as f:
+            return sum(1 for line in f if '"type": "report"' in line)
+    except FileNotFoundError:
+        return 0
+
+
+def test_killed_runner_is_lost_then_requeued_and_resumes_from_its_checkpoint(train_server, tmp_path):
+    gate = str(tmp_path / "gate")
+    job = _trainer(tmp_path, "lost", _gated_loop, steps=6, gate_at=[3], gates=[gate], checkpoint=True).submit()
+    _wait_until(lambda: job.status().raw["reports"] >= 3, what="three reports")
+    pid = job.status().raw["pid"]
+    os.kill(pid, signal.SIGKILL)
+    _wait_until(lambda: job.status().raw["attempt"] == 2 and job.status().raw["pid"] not in (None, pid),
+                what="the requeued job's second runner")  # fmt: skip
+    types = [e["type"] for e in _events(job)]
+    assert "lost" in types and "requeued" in types
+    lost = [e for e in _events(job) if e["type"] == "lost"][0]
+    assert "killed by SIGKILL" in lost["payload"]["error"]
+    open(gate, "w").close()
+    result = job.result(timeout=120)
     assert job.status().state == "SUCCEEDED"
+    # The second attempt continued the run from its latest checkpoint (step 2): steps 3.. once more.
+    assert list(result.metrics_dataframe["step"]) == list(range(6))
+    assert not train_server.job_processes(job.id)
+
+
+def test_a_burst_of_submissions_and_stops_never_hits_a_locked_database(train_server, tmp_path):
+    script = tmp_path / "noop.py"
+    script.write_text("print('never runs: held')\n")
+    client = train_server.client()
+    spec = {"kind": "script", "path": str(script), "hold": True, "per_worker": {"CPU": 1}}
+
+    def submit_and_stop(i):
+        job = client.submit({**spec, "name": f"burst{i}"})
+        return job.stop().state
+
+    with ThreadPoolExecutor(8) as pool:
+        states = list(pool.map(submit_and_stop, range(1000)))
+    assert states == ["STOPPED"] * 1000
+    assert "database is locked" not in train_server.output
+    assert len(client.jobs(["STOPPED"], limit=1000)) == 1000
+    events = client.request("GET", "/jobs/1000/events")
+    assert [e["type"] for e in events] == ["submitted", "stopped"]
+
+
+def test_a_request_larger_than_the_capacity_is_refused_with_the_numbers(train_server, tmp_path):
+    from trainforge.server import InvalidJobError
+
+    with pytest.raises(InvalidJobError, match=r"3 CPU \(capacity 2\)"):
+        _trainer(tmp_path, "too_big", workers=3).submit()
+
+
+def test_an_unpicklable_trainer_is_refused_before_anything_is_sent(train_server, tmp_path):
+    lock = threading.Lock()
+
+    def loop(config):
+        with lock:
+            trainforge.report({"x": 1})
+
+    trainer = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=1))
+    with pytest.raises(TypeError, match="does not pickle"):
+        trainer.submit()
+    assert train_server.client().jobs() == []
+
+
+def test_events_stream_resumes_with_last_event_id(train_server, tmp_path):
+    client = train_server.client()
+    job = _trainer(tmp_path, "events", workers=1).submit()
+    job.wait(60)
+    seen = []
+    for event, ident, data in client.stream("/events", params={"after": 0}):
+        seen.append((event, int(ident)))
+        if event == "ended":
+            break
+    seqs = [s for _, s in seen]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    # Reconnecting with the id of the second event gives everything after it, nothing twice.
+    again = []
+    for event, ident, _ in client.stream("/events", last_id=str(seqs[1])):
+        again.append(int(ident))
+        if event == "ended":
+            break
+    assert again == seqs[2:]
+    assert json.dumps(data)  # the payloads are JSON
+
+
+def test_an_elastic_job_starts_at_what_fits_and_grows_when_capacity_frees(train_server, tmp_path):
+    blocker_gate, elastic_gate, resized_gate = (str(tmp_path / n) for n in ("blocker", "elastic", "resized"))
+    blocker = _trainer(tmp_path, "blocker", _gated_loop, workers=1, steps=2, gate_at=[1], gates=[blocker_gate]).submit()
+    _first_report(blocker)
+    elastic = DataParallelTrainer(
+        _gated_loop,
+        train_loop_config={"steps": 5, "gate_at": [2, 3], "gates": [elastic_gate, resized_gate], "checkpoint": True},
+        scaling_config=ScalingConfig(num_workers=(1, 2)),
+        run_config=RunConfig(name="elastic", storage_path=str(tmp_path / "runs"), verbose=0),
+    ).submit()  # fmt: skip
+    assert _first_report(elastic).metrics["world"] == 1  # one CPU was free
+    assert elastic.status().raw["grant"] == {"CPU": 1.0}
+    open(blocker_gate, "w").close()
+    assert blocker.wait(60).state == "SUCCEEDED"
+    _wait_until(lambda: elastic.status().raw["workers"] == 2, what="the elastic job's grant to grow")
+    assert elastic.status().raw["grant"] == {"CPU": 2.0}
+    open(elastic_gate, "w").close()  # step 2's checkpoint: the core sees the bigger grant and resizes
+    _wait_until(lambda: "restart" in [e["type"] for e in _events(elastic)], what="the resize")
+    open(resized_gate, "w").close()
+    result = elastic.result(timeout=120)
+    worlds = list(result.metrics_dataframe["world"])
+    assert worlds == [1, 1, 1, 2, 2], worlds
+    assert "grow" in [e["type"] for e in _events(elastic)]

@@ -104,6 +104,7 @@ class JobService:
         self._grants: dict[int, dict[str, float]] = {}  # jobs holding resources
         self._gpu_owner: dict[str, int] = {}
         self._pending: dict[int, Pending] = {}
+        self._shapes: dict[int, tuple[JobRequest, int]] = {}  # running elastic jobs: request, workers
         self._offsets: dict[int, int] = {}
         self._ingest_locks: dict[int, threading.Lock] = {}
         self._closing = threading.Event()
@@ -136,6 +137,9 @@ class JobService:
                 for gpu in job.gpu_ids or []:
                     self._gpu_owner[gpu] = job.id
                 self._offsets[job.id] = job.events_offset
+                shape = request_of(job)
+                if shape.upper_workers > shape.min_workers and job.workers:
+                    self._shapes[job.id] = (shape, job.workers)
                 pid = job.pid if job.pid is not None else self._find_runner(job.id)
                 if pid is not None and self._alive(pid, job.pid_start_time if job.pid is not None else None):
                     runner = _Runner(job.id, pid, None)
@@ -364,6 +368,43 @@ class JobService:
             self._pending = {p.job_id: p for p in decision.pending}
             for start in decision.starts:
                 self._start(start.job_id, start.workers, start.grant)
+            self._grow(decision.pending)
+
+    def _grow(self, pending: list[Pending]) -> None:
+        """Running elastic jobs below their maximum take free resources that no waiting job lacks:
+        their grant file grows, and the core resizes the group at its next checkpoint (it re-reads
+        the file at every sizing decision). The core never shrinks a running group, so neither does
+        the server: a grant only grows."""
+        reserved = {k for p in pending if p.reason == "resources" for k in p.need}
+        free = free_resources(self.capacity, self._grants.values())
+        for job_id in sorted(self._shapes):
+            request, workers = self._shapes[job_id]
+            kinds = {k for k, v in request.per_worker.items() if v > 0}
+            if workers >= request.upper_workers or kinds & reserved:
+                continue
+            extra = 0
+            while workers + extra < request.upper_workers and all(
+                free.get(k, 0.0) + 1e-9 >= (extra + 1) * v for k, v in request.per_worker.items()
+            ):
+                extra += 1
+            if not extra:
+                continue
+            workers += extra
+            grant = request.request(workers)
+            for k, v in request.per_worker.items():
+                free[k] = free.get(k, 0.0) - extra * v
+            self._shapes[job_id] = (request, workers)
+            self._grants[job_id] = grant
+            self._write_grant(job_id, request, workers)
+            self.store.update(job_id, "grow", {"workers": workers, "grant": grant}, workers=workers, grant=grant)
+
+    def _write_grant(self, job_id: int, request: JobRequest, workers: int) -> None:
+        # What the job's workers may use (the driver's share is not theirs), re-read by the core at
+        # every sizing decision, so an elastic job sizes itself to its grant.
+        path = os.path.join(self.job_dir(job_id), GRANT_FILE)
+        with open(path + ".tmp", "w") as f:
+            json.dump({k: workers * v for k, v in request.per_worker.items()}, f)
+        os.replace(path + ".tmp", path)
 
     def queue(self) -> list[Pending]:
         with self._lock:
@@ -396,11 +437,9 @@ class JobService:
         want_gpus = int(round(grant.get("GPU", 0.0)))
         gpu_ids = [g for g in self._gpu_ids() if g not in self._gpu_owner][:want_gpus]
         job_dir = self.job_dir(job_id)
-        # What the job's workers may use (the driver's share is not theirs): re-read by the core at
-        # every sizing decision, so an elastic job sizes itself to its grant.
-        workers_share = {k: workers * v for k, v in request.per_worker.items()}
-        with open(os.path.join(job_dir, GRANT_FILE), "w") as f:
-            json.dump(workers_share, f)
+        self._write_grant(job_id, request, workers)
+        if request.upper_workers > request.min_workers:
+            self._shapes[job_id] = (request, workers)
         for stale in (EXIT_FILE, RESULT_FILE):
             try:
                 os.remove(os.path.join(job_dir, stale))
@@ -426,6 +465,11 @@ class JobService:
         if want_gpus or self._gpu_ids():
             env[constants.ENV_CUDA_VISIBLE_DEVICES] = ",".join(gpu_ids)
         env["PYTHONUNBUFFERED"] = "1"
+        ray_mod = sys.modules.get("ray")
+        if ray_mod is not None and ray_mod.is_initialized() and not env.get("RAY_ADDRESS"):
+            # A server on a Ray cluster it joined without $RAY_ADDRESS ("auto", or a driver's own
+            # connection): the job joins the same cluster, and "auto" picks the Ray executor.
+            env["RAY_ADDRESS"] = ray_mod.get_runtime_context().gcs_address
         try:
             with open(os.path.join(job_dir, OUTPUT_FILE), "ab") as out:
                 popen = subprocess.Popen(
@@ -451,6 +495,7 @@ class JobService:
 
     def _release(self, job_id: int) -> None:
         self._grants.pop(job_id, None)
+        self._shapes.pop(job_id, None)
         for gpu in [g for g, j in self._gpu_owner.items() if j == job_id]:
             del self._gpu_owner[gpu]
 
