@@ -7,7 +7,6 @@ timeouts, never on a sleep."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -39,7 +38,7 @@ def _gated_loop(config):
         with open(os.path.join(ckpt.path, "step")) as f:
             start = int(f.read()) + 1
     for step in range(start, config["steps"]):
-        for gate_at, gate in zip(config.get("gate_at", []), config.get("gates", [])):
+        for gate_at, gate in zip(config.get("gate_at", []), config.get("gates", []), strict=True):
             if step == gate_at:
                 while not os.path.exists(gate):
                     time.sleep(0.02)
@@ -258,9 +257,10 @@ def test_events_stream_resumes_with_last_event_id(train_server, tmp_path):
     client = train_server.client()
     job = _trainer(tmp_path, "events", workers=1).submit()
     job.wait(60)
-    seen = []
+    seen, payloads = [], []
     for event, ident, data in client.stream("/events", params={"after": 0}):
         seen.append((event, int(ident)))
+        payloads.append(data)
         if event == "ended":
             break
     seqs = [s for _, s in seen]
@@ -272,7 +272,7 @@ def test_events_stream_resumes_with_last_event_id(train_server, tmp_path):
         if event == "ended":
             break
     assert again == seqs[2:]
-    assert json.dumps(data)  # the payloads are JSON
+    assert all(p["job_id"] == job.id for p in payloads) and json.dumps(payloads)
 
 
 def test_an_elastic_job_starts_at_what_fits_and_grows_when_capacity_frees(train_server, tmp_path):
@@ -298,3 +298,81 @@ def test_an_elastic_job_starts_at_what_fits_and_grows_when_capacity_frees(train_
     worlds = list(result.metrics_dataframe["world"])
     assert worlds == [1, 1, 1, 2, 2], worlds
     assert "grow" in [e["type"] for e in _events(elastic)]
+
+
+async def _async_loop(config):
+    import asyncio
+
+    for step in range(config["steps"]):
+        await asyncio.sleep(0)
+        trainforge.report({"step": step})
+
+
+def _torch_loop(config):
+    import torch
+
+    from trainforge.torch import prepare_model
+
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.ones(8, 4), torch.zeros(8, 1)
+    for step in range(config["steps"]):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        trainforge.report({"step": step, "loss": float(loss)})
+
+
+@pytest.mark.parametrize("kind", ["async", "torch"])
+def test_async_loops_and_torch_trainers_submit_like_any_trainer(train_server, tmp_path, kind):
+    if kind == "torch":
+        from trainforge.torch import TorchTrainer
+
+        def make(name):
+            return TorchTrainer(
+                _torch_loop, train_loop_config={"steps": 3}, scaling_config=ScalingConfig(num_workers=2),
+                run_config=RunConfig(name=name, storage_path=str(tmp_path / "runs"), verbose=0),
+            )  # fmt: skip
+    else:
+
+        def make(name):
+            return _trainer(tmp_path, name, _async_loop, steps=3)
+
+    local = make("local").fit()
+    served = make("served").submit().result(timeout=180)
+    assert served.metrics_dataframe.equals(local.metrics_dataframe)
+
+
+def test_ctrl_c_on_a_blocking_submit_only_detaches(train_server, tmp_path):
+    import subprocess
+    import sys
+
+    gate = tmp_path / "gate"
+    code = f"""
+import sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_server_jobs import _trainer, _gated_loop
+import pathlib
+job = _trainer(pathlib.Path({str(tmp_path)!r}), "detach", _gated_loop, workers=1, steps=2, gate_at=[1],
+               gates=[{str(gate)!r}])
+job.run_config.verbose = 1
+job.submit(wait=True)
+print("RETURNED", flush=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:  # wait until the job is streaming its output
+        lines.append(line)
+        if "[report 0]" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=60)
+    job_id = int(lines[0].split("submitted job ")[1].split()[0])
+    assert f"detached from job {job_id}; it keeps running" in rest
+    assert f"trainforge logs {job_id} -f" in rest and "RETURNED" in rest and proc.returncode == 0
+    job = train_server.client().job(job_id)
+    assert job.status().state == "RUNNING"
+    gate.touch()
+    assert job.wait(60).state == "SUCCEEDED"
