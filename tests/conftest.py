@@ -172,3 +172,4 @@ def train_server(tmp_path, monkeypatch):
     yield server
     left = server.cleanup()
     assert not left, f"job processes left behind: {left}"
+    assert "Traceback" not in server.output, server.output  # no request ever failed inside the server

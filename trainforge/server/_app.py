@@ -25,8 +25,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import Body, FastAPI, Header, HTTPException, Path, Query, Request
-from fastapi.responses import JSONResponse, Response
-from fastapi.sse import EventSourceResponse, ServerSentEvent
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 import trainforge
@@ -277,6 +276,30 @@ async def _deny(send: Any, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+_Event = tuple[str, int, Any]  # (event, id, data)
+_KEEPALIVE_S = 15.0
+
+
+def _sse_response(events: AsyncIterator[_Event | None]) -> StreamingResponse:
+    """Server-sent events from ``events`` (``None``: nothing new; a comment goes out every 15 s so
+    proxies keep an idle stream open). A client that goes away just ends the generator."""
+
+    async def body() -> AsyncIterator[bytes]:
+        last = time.monotonic()
+        async for item in events:
+            now = time.monotonic()
+            if item is None:
+                if now - last >= _KEEPALIVE_S:
+                    last = now
+                    yield b": keepalive\n\n"
+                continue
+            last = now
+            event, ident, data = item
+            yield f"event: {event}\nid: {ident}\ndata: {json.dumps(data, default=str)}\n\n".encode()
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
 def _resume_at(last_event_id: str | None, default: int) -> int:
     if last_event_id is None:
         return default
@@ -380,6 +403,9 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
     p = API_PREFIX
+    sse: dict[int | str, dict[str, Any]] = {
+        200: {"description": "server-sent events (resumable with Last-Event-ID)", "content": {"text/event-stream": {}}}
+    }
 
     @app.get(f"{p}/health", response_model=HealthOut)
     def health() -> HealthOut:
@@ -453,45 +479,51 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
         job = _job_or_404(service, job_id)
         return _read_range(_log_path(service, job, rank), offset, tail)
 
-    @app.get(f"{p}/jobs/{{job_id}}/logs/stream", response_class=EventSourceResponse, responses=errors)
-    async def logs_stream(
+    @app.get(f"{p}/jobs/{{job_id}}/logs/stream", response_class=StreamingResponse, responses={**errors, **sse})
+    def logs_stream(
         job_id: JobId,
         rank: Annotated[int | None, Query(ge=0, le=100_000)] = None,
         offset: Annotated[int | None, Query(ge=0, le=2**62)] = None,
         tail: Annotated[int | None, Query(ge=0, le=1_000_000)] = None,
         last_event_id: Annotated[str | None, Header(max_length=32)] = None,
-    ) -> AsyncIterator[ServerSentEvent]:
+    ) -> StreamingResponse:
         """Log text as it is written (``data``: ``{"text": ...}``; ``id``: the byte offset after it),
         then an ``end`` event once the job has ended and the log is read to its end."""
         job = _job_or_404(service, job_id)
         start = _resume_at(last_event_id, -1)
         if start < 0:
             start = _read_range(_log_path(service, job, rank), offset, tail).offset
-        pos = start
+        return _sse_response(_log_events(job_id, rank, start))
+
+    async def _log_events(job_id: int, rank: int | None, pos: int) -> AsyncIterator[_Event | None]:
         while True:
             job = service.get(job_id)
             chunk = _read_range(_log_path(service, job, rank), pos, None)
             if chunk.text:
                 pos = chunk.next_offset
-                yield ServerSentEvent(data={"text": chunk.text}, id=str(pos), event="log")
+                yield "log", pos, {"text": chunk.text}
                 continue
-            if job.state not in st.ACTIVE_STATES and job.state not in st.WAITING_STATES + (st.LOST,):
-                yield ServerSentEvent(data={"state": job.state, "exit_code": job.exit_code}, id=str(pos), event="end")
+            if job.state in st.TERMINAL_STATES:
+                yield "end", pos, {"state": job.state, "exit_code": job.exit_code}
                 return
+            yield None
             await asyncio.sleep(_POLL_S)
 
-    @app.get(f"{p}/jobs/{{job_id}}/stream", response_class=EventSourceResponse, responses=errors)
-    async def job_stream(
+    @app.get(f"{p}/jobs/{{job_id}}/stream", response_class=StreamingResponse, responses={**errors, **sse})
+    def job_stream(
         job_id: JobId,
         start: Literal["begin", "end"] = "begin",
         last_event_id: Annotated[str | None, Header(max_length=32)] = None,
-    ) -> AsyncIterator[ServerSentEvent]:
+    ) -> StreamingResponse:
         """The job's run events as its runs write them (``event``: run_start | report | restart |
         run_end; ``data``: the event; ``id``: byte offset in its events file), then ``end`` (the job).
         ``start=end``: only what comes from now on (to wait for the end)."""
         _job_or_404(service, job_id)
         path = os.path.join(service.job_dir(job_id), EVENTS_FILE)
         pos = _resume_at(last_event_id, _complete_size(path) if start == "end" else 0)
+        return _sse_response(_job_events(job_id, path, pos))
+
+    async def _job_events(job_id: int, path: str, pos: int) -> AsyncIterator[_Event | None]:
         buffer = b""
         while True:
             job = service.get(job_id)
@@ -511,12 +543,13 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
                 except ValueError:
                     continue
                 sent = True
-                yield ServerSentEvent(data=_finite(event), id=str(pos), event=str(event.get("type", "event")))
+                yield str(event.get("type", "event")), pos, _finite(event)
             if data or sent:
                 continue
             if ended:
-                yield ServerSentEvent(data=job_out(service, job).model_dump(), id=str(pos), event="end")
+                yield "end", pos, job_out(service, job).model_dump()
                 return
+            yield None
             await asyncio.sleep(_POLL_S)
 
     @app.get(f"{p}/jobs/{{job_id}}/metrics", responses=errors)
@@ -599,21 +632,25 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
             decision_ms=service.last_decision_s * 1e3,
         )  # fmt: skip
 
-    @app.get(f"{p}/events", response_class=EventSourceResponse)
-    async def events(
+    @app.get(f"{p}/events", response_class=StreamingResponse, responses=sse)
+    def events(
         after: Annotated[int | None, Query(ge=0, le=2**62)] = None,
         last_event_id: Annotated[str | None, Header(max_length=32)] = None,
-    ) -> AsyncIterator[ServerSentEvent]:
+    ) -> StreamingResponse:
         """Every job's lifecycle events (``event``: submitted, starting, running, run_start, restart,
         stopping, ended, lost, requeued, ...; ``id``: the sequence number). Without ``after`` or
         ``Last-Event-ID`` it starts at the next event."""
         seq = _resume_at(last_event_id, after if after is not None else service.store.last_seq)
+        return _sse_response(_store_events(seq))
+
+    async def _store_events(seq: int) -> AsyncIterator[_Event | None]:
         while True:
             batch = service.store.events_after(seq)
             for e in batch:
                 seq = e.seq
-                yield ServerSentEvent(data=EventOut(**e.__dict__).model_dump(), id=str(e.seq), event=e.type)
+                yield e.type, e.seq, EventOut(**e.__dict__).model_dump()
             if not batch:
+                yield None
                 await asyncio.sleep(_POLL_S)
 
     @app.get(f"{p}/version")

@@ -42,7 +42,7 @@ from trainforge.server._runner import (
     SPEC_FILE,
     TRAINER_FILE,
 )
-from trainforge.server._scheduler import JobRequest, Pending, check_fits, decide, free_resources
+from trainforge.server._scheduler import Decision, JobRequest, Pending, check_fits, decide, free_resources
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,8 @@ class JobService:
         self._requests: dict[int, JobRequest] = {}  # waiting jobs (queued or held)
         self._grants: dict[int, dict[str, float]] = {}  # jobs holding resources
         self._gpu_owner: dict[str, int] = {}
-        self._pending: dict[int, Pending] = {}
+        self._decision: Decision | None = None  # the latest; its reasons are worked out when asked for
+        self._pending: dict[int, Pending] | None = None
         self._shapes: dict[int, tuple[JobRequest, int]] = {}  # running elastic jobs: request, workers
         self._offsets: dict[int, int] = {}
         self._ingest_locks: dict[int, threading.Lock] = {}
@@ -217,7 +218,14 @@ class JobService:
         return job
 
     def pending(self, job_id: int) -> Pending | None:
-        return self._pending.get(job_id)
+        with self._lock:
+            return self._pending_index().get(job_id)
+
+    def _pending_index(self) -> dict[int, Pending]:
+        if self._pending is None:
+            pending = self._decision.pending if self._decision is not None else []
+            self._pending = {p.job_id: p for p in pending if p.job_id in self._requests}
+        return self._pending
 
     def patch(self, job_id: int, *, priority: int | None = None, hold: bool | None = None) -> st.JobRow:
         with self._lock:
@@ -276,7 +284,8 @@ class JobService:
             job = self.get(job_id)
             if job.state in st.WAITING_STATES:
                 self._requests.pop(job_id, None)
-                self._pending.pop(job_id, None)
+                if self._pending is not None:
+                    self._pending.pop(job_id, None)
                 self.store.update(
                     job_id, "stopped", {"while": job.state}, state=st.STOPPED, ended_at=time.time(),
                     failure_class="stopped",
@@ -365,17 +374,16 @@ class JobService:
             t0 = time.perf_counter()
             decision = decide(list(self._requests.values()), list(self._grants.values()), self.capacity)
             self.last_decision_s = time.perf_counter() - t0
-            self._pending = {p.job_id: p for p in decision.pending}
+            self._decision, self._pending = decision, None
             for start in decision.starts:
                 self._start(start.job_id, start.workers, start.grant)
-            self._grow(decision.pending)
+            self._grow(decision.reserved)
 
-    def _grow(self, pending: list[Pending]) -> None:
+    def _grow(self, reserved: set[str]) -> None:
         """Running elastic jobs below their maximum take free resources that no waiting job lacks:
         their grant file grows, and the core resizes the group at its next checkpoint (it re-reads
         the file at every sizing decision). The core never shrinks a running group, so neither does
         the server: a grant only grows."""
-        reserved = {k for p in pending if p.reason == "resources" for k in p.need}
         free = free_resources(self.capacity, self._grants.values())
         for job_id in sorted(self._shapes):
             request, workers = self._shapes[job_id]
@@ -408,7 +416,7 @@ class JobService:
 
     def queue(self) -> list[Pending]:
         with self._lock:
-            return [self._pending[j] for j in self._pending]
+            return list(self._pending_index().values())
 
     def free(self) -> dict[str, float]:
         with self._lock:
@@ -433,7 +441,6 @@ class JobService:
     def _start(self, job_id: int, workers: int, grant: dict[str, float]) -> None:
         job = self.get(job_id)
         request = self._requests.pop(job_id)
-        self._pending.pop(job_id, None)
         want_gpus = int(round(grant.get("GPU", 0.0)))
         gpu_ids = [g for g in self._gpu_ids() if g not in self._gpu_owner][:want_gpus]
         job_dir = self.job_dir(job_id)
