@@ -174,3 +174,21 @@ def test_a_request_beyond_capacity_is_refused_with_the_numbers():
 def test_bad_requests_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         JobRequest(**{"job_id": 1, "seq": 0, "per_worker": {"CPU": 1}, **kwargs})
+
+
+@settings(max_examples=300, deadline=None)
+@given(queue=jobs(n_max=20), running_share=st.integers(0, 4), zero=st.booleans())
+def test_stopping_the_scan_early_changes_nothing(queue, running_share, zero):
+    """decide() stops walking the queue once nothing more can start and works out the remaining
+    reasons lazily; the answer must be exactly that of walking the whole queue."""
+    from trainforge.server._scheduler import _order, _Scan
+
+    if zero:  # a job asking for nothing can start even when everything is reserved
+        queue = [*queue, JobRequest(job_id=999, seq=999, per_worker={}, min_workers=1)]
+    running = [{"CPU": 2.0 * running_share, "GPU": float(running_share % 3)}]
+    ordered = _order(queue)
+    full = _Scan(ordered, free_resources(CAPACITY, running))
+    full.run(0, stop_when_saturated=False)
+    decision = decide(queue, running, CAPACITY)
+    assert sorted(decision.starts, key=lambda s: s.job_id) == sorted(full.starts, key=lambda s: s.job_id)
+    assert decision.pending == full.pending
