@@ -18,21 +18,29 @@ SERVER_ID_ENV = "TRAINFORGE_SERVER_ID"
 
 
 class ServerProc:
-    def __init__(self, state_dir: str, capacity: str = "CPU=2", extra: tuple[str, ...] = ()):
+    def __init__(self, state_dir: str, capacity: str | None = "CPU=2", extra: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None):  # fmt: skip
+        """``capacity`` None: the server measures it (the machine's, or the Ray cluster's with
+        ``RAY_ADDRESS`` in ``env``); ``env``: added to this process's environment for the server."""
         self.state_dir = state_dir
         self.capacity = capacity
         self.extra = extra
+        self.env = env
         self.proc: subprocess.Popen[str] | None = None
         self.url: str | None = None
         self.lines: list[str] = []
         self._serving = threading.Event()
+        self._drainer: threading.Thread | None = None
 
     def start(self, timeout: float = 60.0) -> ServerProc:
+        capacity = ["--capacity", self.capacity] if self.capacity is not None else []
         cmd = [sys.executable, "-m", "trainforge.server", "start", "--state-dir", self.state_dir, "--port", "0",
-               "--capacity", self.capacity, "--stop-grace", "5", *self.extra]  # fmt: skip
+               *capacity, "--stop-grace", "5", *self.extra]  # fmt: skip
         self._serving.clear()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        threading.Thread(target=self._drain, args=(self.proc,), daemon=True).start()
+        env = {**os.environ, **self.env} if self.env is not None else None
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self._drainer = threading.Thread(target=self._drain, args=(self.proc,), daemon=True)
+        self._drainer.start()
         if not self._serving.wait(timeout):
             raise TimeoutError("the server did not start:\n" + "".join(self.lines[-30:]))
         return self
@@ -82,7 +90,10 @@ class ServerProc:
         if self.proc is None or self.proc.poll() is not None:
             return None if self.proc is None else self.proc.returncode
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
+        code = self.proc.wait(timeout=30)
+        if self._drainer is not None:
+            self._drainer.join(timeout=10)  # all of its output is in .output
+        return code
 
     def cleanup(self) -> list[tuple[int, str]]:
         """Stop the server and kill what is left of its jobs; returns what was left."""

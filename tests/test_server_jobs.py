@@ -376,3 +376,25 @@ print("RETURNED", flush=True)
     assert job.status().state == "RUNNING"
     gate.touch()
     assert job.wait(60).state == "SUCCEEDED"
+
+
+def test_submit_starts_a_server_in_the_background_when_none_runs(tmp_path, monkeypatch, capsys):
+    import psutil
+
+    from trainforge.server._main import read_server_info
+
+    state_dir = tmp_path / "auto"
+    monkeypatch.setenv("TRAINFORGE_SERVER_DIR", str(state_dir))
+    monkeypatch.delenv("TRAINFORGE_ADDRESS", raising=False)
+    job = _trainer(tmp_path, "auto", workers=1).submit()
+    info = read_server_info(str(state_dir))
+    server = psutil.Process(info["pid"])
+    try:
+        out = capsys.readouterr().out
+        assert f"no train server was running; started one at {info['url']}" in out
+        assert job.result(timeout=120).metrics["step"] == 4
+        assert oct(os.stat(state_dir / "token").st_mode & 0o777) == "0o600"
+    finally:
+        server.terminate()
+        server.wait(30)
+    assert not (state_dir / "address").exists()  # a clean stop removes it

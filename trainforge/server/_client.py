@@ -1,10 +1,12 @@
 """The Python client of a train server: :class:`Client`, the :class:`Job` handle, and
 ``submit_trainer`` behind ``trainer.submit()``.
 
-Finding the server: the ``address`` argument, else ``$TRAINFORGE_ADDRESS``, else (in a driver
+Finding the server: the ``address`` argument, else ``$TRAINFORGE_ADDRESS``, else the ``address``
+file of a state directory given (``state_dir`` or ``$TRAINFORGE_SERVER_DIR``), else (in a driver
 connected to a Ray cluster) the address the cluster's server published, else the ``address`` file
-of the default state directory (``$TRAINFORGE_SERVER_DIR`` or ``~/.trainforge/server``). The token:
-``token``, else ``$TRAINFORGE_TOKEN``, else that directory's ``token`` file.
+of ``~/.trainforge/server``. The token: ``token``, else ``$TRAINFORGE_TOKEN``, else the ``token``
+file of the state directory the address came from (a Ray-published server publishes its state
+directory, not its token: see :func:`discover`).
 
 Streams (a job's reports, its logs, its end) reconnect by themselves with ``Last-Event-ID`` when the
 server restarts, so a client waiting on a job sees every report even across a server ``kill -9``.
@@ -22,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from trainforge.server._config import ENV_ADDRESS, ENV_TOKEN, default_state_dir
+from trainforge.server._config import DEFAULT_PORT, ENV_ADDRESS, ENV_STATE_DIR, ENV_TOKEN, default_state_dir
 
 if TYPE_CHECKING:
     import httpx
@@ -96,8 +98,21 @@ class JobStatus:
 
 
 def discover(address: str | None = None, token: str | None = None, state_dir: str | None = None) -> tuple[str, str | None]:
-    state_dir = state_dir or default_state_dir()
-    address = address or os.environ.get(ENV_ADDRESS) or _ray_published() or _read(os.path.join(state_dir, "address"))
+    """The server's URL and token, looked for in this order: ``address``; ``$TRAINFORGE_ADDRESS``;
+    the ``address`` file of a state directory given (``state_dir`` or ``$TRAINFORGE_SERVER_DIR``);
+    in a driver connected to a Ray cluster, the entry a server started against that cluster
+    published in its KV; the ``address`` file of the default state directory. The token:
+    ``token``, ``$TRAINFORGE_TOKEN``, else the ``token`` file of the state directory the address
+    came from (for a Ray-published server, the state directory it published: readable on the
+    server's machine by its user; elsewhere pass the token, as the server does not publish it)."""
+    given_dir = state_dir or os.environ.get(ENV_STATE_DIR)
+    state_dir = given_dir or default_state_dir()
+    address = address or os.environ.get(ENV_ADDRESS) or (_read(os.path.join(given_dir, "address")) if given_dir else None)
+    if not address:
+        published = _ray_published()
+        if published is not None:
+            address, state_dir = published[0], published[1] or state_dir
+    address = address or _read(os.path.join(state_dir, "address"))
     if not address:
         raise ServerNotFoundError(
             f"no train server found (no address given, ${ENV_ADDRESS} unset, no {state_dir}/address): "
@@ -115,20 +130,29 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _ray_published() -> str | None:
-    """The address a server started against this driver's Ray cluster published there."""
-    if "ray" not in sys.modules:
-        return None
-    import ray
+def _ray_published() -> tuple[str, str | None] | None:
+    """``(url, state_dir)`` of the server started against this driver's Ray cluster (what it
+    published in the cluster's KV), or None: ray not imported, not connected, nothing published.
+    Never imports ray nor connects."""
+    from trainforge._internal.ray_utils import ray_connected
 
-    if not ray.is_initialized():
+    if not ray_connected():
         return None
     from ray.experimental import internal_kv
 
-    from trainforge.server._main import RAY_KV_KEY
+    from trainforge.server._main import RAY_KV_KEY, RAY_KV_NAMESPACE
 
-    value = internal_kv._internal_kv_get(RAY_KV_KEY)
-    return value.decode() if value else None
+    try:
+        value = internal_kv._internal_kv_get(RAY_KV_KEY, namespace=RAY_KV_NAMESPACE)
+    except Exception:  # the cluster is unreachable now: look elsewhere
+        return None
+    if not value:
+        return None
+    try:
+        entry = json.loads(value)
+        return str(entry["url"]), entry.get("state_dir")
+    except (ValueError, KeyError, TypeError):
+        return value.decode(), None  # a bare URL
 
 
 class Client:
@@ -381,10 +405,16 @@ def start_background_server(state_dir: str | None = None, *, extra_args: list[st
             os.remove(os.path.join(state_dir, stale))
         except FileNotFoundError:
             pass
+    env = dict(os.environ)
+    if "ray" in sys.modules and not env.get("RAY_ADDRESS"):
+        import ray
+
+        if ray.is_initialized():  # a driver connected to Ray: the server schedules on that cluster
+            env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     with open(os.path.join(state_dir, "server.log"), "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainforge.server", "start", "--state-dir", state_dir, *(extra_args or [])],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
         )  # fmt: skip
     deadline = time.monotonic() + timeout_s
     address_file = os.path.join(state_dir, ADDRESS_FILE)
@@ -398,6 +428,17 @@ def start_background_server(state_dir: str | None = None, *, extra_args: list[st
             return address
         time.sleep(0.05)  # waiting for another process to write a file: nothing to block on
     raise TimeoutError(f"the train server did not start within {timeout_s:.0f} s; see {state_dir}/server.log")
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
 
 
 def _trainer_spec(trainer: Any) -> dict[str, Any]:
@@ -448,7 +489,7 @@ def submit_trainer(
     except ServerNotFoundError:
         if address is not None or os.environ.get(ENV_ADDRESS):
             raise
-        url = start_background_server()
+        url = start_background_server(extra_args=[] if _port_free(DEFAULT_PORT) else ["--port", "0"])
         print(f"trainforge: no train server was running; started one at {url} "
               f"(state in {default_state_dir()}; stop it with `trainforge server stop`)", file=out, flush=True)  # fmt: skip
         client = Client(url)

@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import secrets
+import signal
 import socket
 import sys
 import time
@@ -31,6 +32,7 @@ TOKEN_FILE = "token"
 SERVER_FILE = "server.json"
 LOCK_FILE = "server.lock"
 RAY_KV_KEY = b"trainforge_server_address"
+RAY_KV_NAMESPACE = b"trainforge"
 
 
 class ServerRunningError(RuntimeError):
@@ -97,29 +99,68 @@ def read_server_info(state_dir: str) -> dict[str, Any] | None:
 
 def _ray_capacity() -> dict[str, float] | None:
     """The Ray cluster's resources when this process is connected to one or ``$RAY_ADDRESS`` names
-    one (and publish nothing yet); None otherwise."""
+    one (connecting to it: as a driver of its own, which only ever disconnects, never stops the
+    cluster); None otherwise. Node-address resources (``node:...``) are left out; custom ones stay,
+    so jobs may ask for them."""
     from trainforge._internal import ray_utils
 
-    if not (ray_utils.ray_connected() or os.environ.get(ray_utils.ENV_RAY_ADDRESS)):
+    address = os.environ.get(ray_utils.ENV_RAY_ADDRESS)
+    if not (ray_utils.ray_connected() or address):
         return None
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=os.environ.get(ray_utils.ENV_RAY_ADDRESS) or "auto", log_to_driver=False)
+        try:
+            ray.init(address=address or "auto", log_to_driver=False, configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise RuntimeError(
+                f"cannot join the Ray cluster at ${ray_utils.ENV_RAY_ADDRESS}={address!r} ({exc}): start it "
+                "(`ray start --head`), fix RAY_ADDRESS, or unset it (or pass --capacity) to serve without Ray"
+            ) from exc
     total = ray.cluster_resources()
-    return {k: float(v) for k, v in total.items() if k in ("CPU", "GPU", "memory") or not k.startswith("node:")}
+    return {str(k): float(v) for k, v in total.items() if not str(k).startswith("node:")}
 
 
-def _publish_on_ray(url: str) -> None:
+def _ray_entry(url: str, state_dir: str) -> bytes:
+    """What the server publishes in the cluster's KV: its URL, and its state directory, where a
+    driver on this machine (as the same user) reads the token; a driver elsewhere passes the token
+    (``$TRAINFORGE_TOKEN``). The token itself is not published."""
+    return json.dumps({"url": url, "state_dir": state_dir, "pid": os.getpid()}).encode()
+
+
+def _publish_on_ray(url: str, state_dir: str) -> bytes:
     from ray.experimental import internal_kv
 
-    internal_kv._internal_kv_put(RAY_KV_KEY, url.encode(), overwrite=True)
+    entry = _ray_entry(url, state_dir)
+    internal_kv._internal_kv_put(RAY_KV_KEY, entry, overwrite=True, namespace=RAY_KV_NAMESPACE)
+    return entry
+
+
+def _unpublish_on_ray(entry: bytes, *, disconnect: bool) -> None:
+    """Remove our entry (not one a newer server wrote over it); with ``disconnect`` (the connection
+    is the server's own, made by :func:`_ray_capacity`) disconnect from the cluster: a driver's
+    ``ray.shutdown()`` only disconnects, the cluster and its other drivers go on."""
+    import ray
+    from ray.experimental import internal_kv
+
+    try:
+        if internal_kv._internal_kv_get(RAY_KV_KEY, namespace=RAY_KV_NAMESPACE) == entry:
+            internal_kv._internal_kv_del(RAY_KV_KEY, namespace=RAY_KV_NAMESPACE)
+    except Exception as exc:  # the cluster went away first: nothing left to clean
+        print(f"trainforge server: could not remove its address from the Ray cluster: {exc}", flush=True)
+    if disconnect:
+        ray.shutdown()
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
 
 
 def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> None:
     """Run a server in this process until SIGTERM or SIGINT."""
     import uvicorn
 
+    from trainforge._internal.ray_utils import ray_connected
     from trainforge.server._app import make_app
     from trainforge.server._service import JobService
 
@@ -127,6 +168,7 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
     lock = _lock(config.state_dir)
     _become_subreaper()
     token = _ensure_token(config.state_dir, config.token)
+    own_ray = not ray_connected()  # else a driver runs this server in its process: keep its connection
     ray_total = _ray_capacity() if config.capacity is None else None
     capacity = effective_capacity(config, ray_total if ray_total is not None else machine_capacity())
     if ray_total is not None and config.capacity is None:
@@ -159,21 +201,24 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
         json.dumps({"pid": os.getpid(), "create_time": psutil.Process().create_time(), "url": url, "started": time.time()}),
     )
     _write_atomic(os.path.join(config.state_dir, ADDRESS_FILE), url)
-    if ray_total is not None:
-        _publish_on_ray(url)
+    ray_entry = _publish_on_ray(url, config.state_dir) if ray_total is not None else None
     allowed = {"127.0.0.1", "localhost", "::1", config.host.lower()}
     guard, _ = make_app(service, token=token, allowed_hosts=allowed)
     kinds = ", ".join(f"{v:g} {k}" if k != "memory" else f"{v / 2**30:.1f} GiB memory" for k, v in sorted(capacity.items()))
     where = "the Ray cluster's" if ray_total is not None else "capacity"
-    announce(f"trainforge server: serving {url} (pid {os.getpid()})")
-    announce(f"  token: {os.path.join(config.state_dir, TOKEN_FILE)}   state: {config.state_dir}")
-    announce(f"  {where}: {kinds}")
     if any(counts.values()):
         announce(
-            f"  recovered in {recover_s * 1e3:.0f} ms: {counts['reattached']} running job(s) reattached, "
-            f"{counts['ended']} ended while the server was down, {counts['lost']} lost, {counts['queued']} queued"
+            f"trainforge server: recovered in {recover_s * 1e3:.0f} ms: {counts['reattached']} running job(s) "
+            f"reattached, {counts['ended']} ended while the server was down, {counts['lost']} lost, "
+            f"{counts['queued']} queued"
         )
+    announce(f"trainforge server: token in {os.path.join(config.state_dir, TOKEN_FILE)}, state in {config.state_dir}")
+    announce(f"trainforge server: {where}: {kinds}")
+    announce(f"trainforge server: serving {url} (pid {os.getpid()})")  # the last line: clients may connect
     sys.stdout.flush()
+    # uvicorn re-raises SIGTERM/SIGINT once it has shut down; let that end this function through its
+    # `finally` (address file removed, "stopped" printed) instead of killing the process outright.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     server = uvicorn.Server(
         uvicorn.Config(guard, log_level="warning", lifespan="off", timeout_graceful_shutdown=2, access_log=False)
     )
@@ -189,6 +234,8 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
                     os.remove(os.path.join(config.state_dir, name))
                 except FileNotFoundError:
                     pass
+        if ray_entry is not None:
+            _unpublish_on_ray(ray_entry, disconnect=own_ray)
         lock.close()
         note = f"; {len(left)} job(s) keep running and are reattached when it starts again" if left else ""
         announce(f"trainforge server: stopped{note}")
