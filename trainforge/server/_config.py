@@ -33,7 +33,7 @@ class ServerConfig:
     """How a train server runs.
 
     ``capacity``: what jobs may be granted, by kind (``{"CPU": 8, "GPU": 2, "memory": 32e9}``); None
-    measures this machine (or the Ray cluster) and takes off ``reserve``. ``reserve``: None keeps 1 CPU
+    measures this machine and takes off ``reserve`` (or takes the Ray cluster's resources whole). ``reserve``: None keeps 1 CPU
     on machines with 8 or more CPUs (none on smaller ones, where it would be most of the machine) and
     min(2 GiB, 10%) of memory for the server and the rest of the system. ``stop_grace_s``: how long a
     stopped job has to end cleanly (as after Ctrl-C) before what remains of it is killed.
