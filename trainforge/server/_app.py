@@ -609,13 +609,13 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
 
     @app.get(f"{p}/queue", response_model=list[QueueEntryOut])
     def queue() -> list[QueueEntryOut]:
+        waiting = {j.id: j for j in service.store.jobs(st.WAITING_STATES)}  # one query, not one per job
         out = []
-        for pend in service.queue():
-            job = service.store.get(pend.job_id)
-            if job is None:
-                continue
-            pending = _pending_out(service, job.id)
-            if pending is not None:
+        for p in service.queue():
+            job = waiting.get(p.job_id)
+            if job is not None:
+                pending = PendingOut(reason=p.reason, position=p.position, text=p.describe(), need=p.need,
+                                     free=p.free, behind=p.behind)  # fmt: skip
                 out.append(QueueEntryOut(job_id=job.id, name=job.name, priority=job.priority, pending=pending))
         return out
 

@@ -77,6 +77,11 @@ class JobRequest:
         return self.request(self.min_workers)
 
     @functools.cached_property
+    def kinds(self) -> frozenset[str]:
+        """The kinds its minimum request asks for (in amounts above zero)."""
+        return frozenset(self.min_request)
+
+    @functools.cached_property
     def order_key(self) -> tuple[int, int]:
         return (-self.priority, self.seq)
 
@@ -200,13 +205,14 @@ class _Scan:
         self.position = 0
         self.starts: list[Start] = []
         self.pending: list[Pending] = []
-        # Kinds with something free that some job asks for: once each is reserved, nothing more can start.
+        # The distinct sets of kinds jobs ask for: once each set has a kind that is reserved or has
+        # nothing free, no later job can start (free only shrinks and reservations only grow).
         self.requests = list(map(operator.attrgetter("min_request"), ordered))
-        wanted: set[str] = set().union(*self.requests)
-        self.live = {k for k, v in free.items() if v > _EPS and k in wanted}
+        self.shapes = {kinds for kinds in map(operator.attrgetter("kinds"), ordered) if kinds}
 
     def saturated(self) -> bool:
-        return self.live <= self.reserved.keys()
+        free, reserved = self.free, self.reserved
+        return all(any(k in reserved or free.get(k, 0.0) <= _EPS for k in shape) for shape in self.shapes)
 
     def run(self, i: int, *, stop_when_saturated: bool) -> int:
         ordered, free, reserved = self.ordered, self.free, self.reserved
@@ -243,8 +249,6 @@ class _Scan:
             grant = job.request(workers)
             for k, v in grant.items():
                 free[k] = free.get(k, 0.0) - v
-                if free[k] <= _EPS:
-                    self.live.discard(k)
             self.starts.append(Start(job.job_id, workers, grant))
             if stop_when_saturated and grant and self.saturated():
                 return i
