@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import Body, FastAPI, Header, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -300,13 +301,20 @@ def _sse_response(events: AsyncIterator[_Event | None]) -> StreamingResponse:
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
+def _invalid(loc: tuple[str, ...], msg: str) -> RequestValidationError:
+    """A 422 in the same shape as the schema's own (``detail``: a list of ``{loc, msg, type}``)."""
+    return RequestValidationError([{"type": "value_error", "loc": loc, "msg": msg}])
+
+
 def _resume_at(last_event_id: str | None, default: int) -> int:
     if last_event_id is None:
         return default
     try:
         return max(0, int(last_event_id))
     except ValueError:
-        raise HTTPException(422, f"Last-Event-ID={last_event_id!r} must be an integer (an id this stream sent)") from None
+        raise _invalid(
+            ("header", "last-event-id"), f"Last-Event-ID={last_event_id!r} must be an integer (an id this stream sent)"
+        ) from None
 
 
 def _job_or_404(service: JobService, job_id: int) -> st.JobRow:
@@ -386,6 +394,7 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
         openapi_url=f"{API_PREFIX}/openapi.json",
         docs_url=f"{API_PREFIX}/docs",
         redoc_url=None,
+        responses={400: {"description": "a body that cannot be parsed (not JSON, or not UTF-8)"}},
         description="Queues training jobs and runs them by the resources they ask for. Submitting a job runs "
         "code as the server's user.",
     )
@@ -393,6 +402,15 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
         404: {"description": "no such job"},
         409: {"description": "not allowed in the job's state"},
     }
+
+    @app.exception_handler(RequestValidationError)
+    async def _unprocessable(request: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's own handler echoes each bad value back ("input"), which fails to render for NaN or a
+        # lone surrogate (a 500): name the field and the problem, without the value.
+        errors = [{"type": e.get("type", "value_error"), "loc": list(e.get("loc", ())), "msg": str(e.get("msg", ""))}
+                  for e in exc.errors()]  # fmt: skip
+        body = json.dumps({"detail": errors}, ensure_ascii=True, default=str)
+        return Response(body, status_code=422, media_type="application/json")
 
     @app.exception_handler(NotFoundError)
     async def _not_found(request: Request, exc: NotFoundError) -> JSONResponse:
@@ -413,15 +431,14 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
         return HealthOut(status="ok", version=trainforge.__version__, pid=os.getpid(),
                          uptime_s=time.time() - service.started_at, jobs=counts)  # fmt: skip
 
-    @app.post(f"{p}/jobs", status_code=201, response_model=SubmitOut,
-              responses={422: {"description": "invalid spec, or a request that can never fit"}})  # fmt: skip
+    @app.post(f"{p}/jobs", status_code=201, response_model=SubmitOut)
     def submit(spec: JobSpecIn) -> SubmitOut:
         blob = None
         if spec.trainer_b64 is not None:
             try:
                 blob = base64.b64decode(spec.trainer_b64, validate=True)
             except (binascii.Error, ValueError):
-                raise HTTPException(422, "trainer_b64: not valid base64") from None
+                raise _invalid(("body", "trainer_b64"), "not valid base64 (send the cloudpickled trainer, base64-encoded)") from None
         body = spec.model_dump(exclude={"trainer_b64", "name", "priority", "hold", "max_retries", "submission_id",
                                         "workers"})  # fmt: skip
         body["min_workers"] = spec.workers
@@ -431,8 +448,8 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
                 name=name, spec=body, trainer_blob=blob, priority=spec.priority, hold=spec.hold,
                 max_retries=spec.max_retries, submission_id=spec.submission_id,
             )  # fmt: skip
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
+        except ValueError as exc:  # a request that can never fit this server's capacity
+            raise _invalid(("body", "workers"), str(exc)) from None
         return SubmitOut(id=job.id, created=created, job=job_out(service, job))
 
     @app.get(f"{p}/jobs", response_model=JobListOut)

@@ -316,8 +316,8 @@ class JobStore:
             where.append("id > ?")
             args.append(after)
         if name:
-            where.append("name LIKE ?")
-            args.append(f"%{name}%")
+            where.append("instr(name, ?) > 0")  # a plain substring (LIKE would treat _ and % as wildcards)
+            args.append(name)
         sql = "SELECT * FROM jobs"
         if where:
             sql += " WHERE " + " AND ".join(where)
