@@ -218,12 +218,28 @@ def _server_stop(args: Any) -> int:
         if abs(proc.create_time() - info.get("create_time", 0)) > 0.01:
             raise psutil.NoSuchProcess(info["pid"])
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
     except psutil.NoSuchProcess:
         print(f"the server (pid {info['pid']}) was already gone")
         return 0
+    print(f"stopping the train server at {info['url']} (pid {info['pid']}) ...", flush=True)
+    deadline = time.monotonic() + 30
+    while _running(proc):  # not a child of ours: nothing to block on but its exit
+        if time.monotonic() > deadline:
+            print(f"trainforge: the server (pid {info['pid']}) did not exit within 30 s of SIGTERM; "
+                  f"kill it with `kill -9 {info['pid']}` (its jobs keep running)", file=sys.stderr)  # fmt: skip
+            return 1
+        time.sleep(0.05)
     print(f"stopped the train server at {info['url']}")
     return 0
+
+
+def _running(proc: Any) -> bool:
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE  # exited, not yet reaped by its parent: stopped
+    except psutil.NoSuchProcess:
+        return False
 
 
 # -- jobs -----------------------------------------------------------------------------------------
@@ -352,7 +368,9 @@ def _logs(args: Any) -> int:
 
 def _stop(args: Any) -> int:
     job = _client(args).job(args.job_id)
-    print(f"stopping job {args.job_id} ...", flush=True)
+    if not job.status().ended:  # (an ended one: the server's 409 says so)
+        how = "killing" if args.force else "stopping"
+        print(f"{how} job {args.job_id} ...", flush=True)
     status = job.stop(grace_s=args.grace, force=args.force)
     print(status.describe())
     return 0

@@ -400,6 +400,9 @@ def start_background_server(state_dir: str | None = None, *, extra_args: list[st
 
     state_dir = os.path.abspath(os.path.expanduser(state_dir or default_state_dir()))
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    from trainforge.server._main import check_not_running
+
+    check_not_running(state_dir)  # a running server's files are left alone
     for stale in (ADDRESS_FILE, SERVER_FILE):
         try:
             os.remove(os.path.join(state_dir, stale))

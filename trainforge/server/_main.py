@@ -88,6 +88,13 @@ def _lock(state_dir: str) -> IO[str]:
     return handle
 
 
+def check_not_running(state_dir: str) -> None:
+    """Raise :class:`ServerRunningError` if a server holds ``state_dir`` now."""
+    path = os.path.join(state_dir, LOCK_FILE)
+    if os.path.exists(path):
+        _lock(state_dir).close()
+
+
 def read_server_info(state_dir: str) -> dict[str, Any] | None:
     try:
         with open(os.path.join(state_dir, SERVER_FILE)) as f:

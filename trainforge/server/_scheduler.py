@@ -182,8 +182,9 @@ def check_fits(job: JobRequest, capacity: Resources) -> None:
         parts = ", ".join(
             f"{_num(v)} {k} (capacity {_num(capacity.get(k, 0.0))})" for k, v in sorted(lacking.items())
         )
+        who = f"job {job.job_id}" if job.job_id else "the job"  # job id 0: a request checked before it has one
         raise ValueError(
-            f"job {job.job_id} asks for {parts} with {job.min_workers} worker(s) and its driver, more than the "
+            f"{who} asks for {parts} with {job.min_workers} worker(s) and its driver, more than the "
             "server has even when idle: ask for fewer workers or resources per worker, or start the server with "
             "more capacity (--capacity)."
         )
