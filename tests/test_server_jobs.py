@@ -351,7 +351,8 @@ def test_ctrl_c_on_a_blocking_submit_only_detaches(train_server, tmp_path):
 
     gate = tmp_path / "gate"
     code = f"""
-import sys
+import faulthandler, signal, sys
+faulthandler.register(signal.SIGUSR1)  # the test asks for the stacks if this hangs
 sys.path.insert(0, {os.path.dirname(__file__)!r})
 from test_server_jobs import _trainer, _gated_loop
 import pathlib
@@ -368,7 +369,14 @@ print("RETURNED", flush=True)
         if "[report 0]" in line:
             break
     proc.send_signal(signal.SIGINT)
-    rest, _ = proc.communicate(timeout=60)
+    try:
+        rest, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        proc.kill()
+        stacks, _ = proc.communicate(timeout=30)
+        gate.touch()
+        pytest.fail("the detached submit did not exit after Ctrl-C; its output and stacks:\n" + "".join(lines) + stacks)
     job_id = int(lines[0].split("submitted job ")[1].split()[0])
     assert f"detached from job {job_id}; it keeps running" in rest
     assert f"trainforge logs {job_id} -f" in rest and "RETURNED" in rest and proc.returncode == 0

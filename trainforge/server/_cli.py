@@ -295,7 +295,7 @@ def _submit(args: Any) -> int:
         final = follow(job)
     except KeyboardInterrupt:
         return 130
-    if not final.ended:
+    if final is None or not final.ended:
         return 130  # detached
     if final.state == "SUCCEEDED":
         return 0

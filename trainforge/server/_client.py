@@ -520,8 +520,9 @@ def submit_trainer(
     return job
 
 
-def follow(job: Job, out: Any = None) -> JobStatus:
-    """Print the job's output as it comes until it ends; Ctrl-C detaches (the job goes on)."""
+def follow(job: Job, out: Any = None) -> JobStatus | None:
+    """Print the job's output as it comes until it ends and return its final status; Ctrl-C
+    detaches (the job goes on) and returns None."""
     out = out or sys.stdout
     try:
         for text in job.logs(follow=True):
@@ -535,4 +536,5 @@ def follow(job: Job, out: Any = None) -> JobStatus:
             f"\ntrainforge: detached from job {job.id}; it keeps running. Reattach with "
             f"`trainforge logs {job.id} -f`, stop it with `trainforge stop {job.id}`.", file=out, flush=True,
         )  # fmt: skip
-        return job.status()
+        # No further request on this client: the interrupt may have hit inside its connection pool.
+        return None
