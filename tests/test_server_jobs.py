@@ -352,6 +352,8 @@ def test_ctrl_c_on_a_blocking_submit_only_detaches(train_server, tmp_path):
     gate = tmp_path / "gate"
     code = f"""
 import faulthandler, signal, sys
+# A shell's background job starts with SIGINT ignored (as CI may run us): take Ctrl-C as a terminal would.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 faulthandler.register(signal.SIGUSR1)  # the test asks for the stacks if this hangs
 sys.path.insert(0, {os.path.dirname(__file__)!r})
 from test_server_jobs import _trainer, _gated_loop
@@ -373,7 +375,10 @@ print("RETURNED", flush=True)
         rest, _ = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGUSR1)
-        proc.kill()
+        try:
+            proc.wait(timeout=5)  # faulthandler writes the stacks and the process goes on
+        except subprocess.TimeoutExpired:
+            proc.kill()
         stacks, _ = proc.communicate(timeout=30)
         gate.touch()
         pytest.fail("the detached submit did not exit after Ctrl-C; its output and stacks:\n" + "".join(lines) + stacks)
