@@ -102,12 +102,15 @@ def test_concurrent_writers_never_see_a_locked_database(store):
     assert len(store.events_after(0, limit=10_000)) == 1600
 
 
-def test_wait_events_wakes_on_a_new_event(store):
+def test_last_seq_follows_committed_events_only(store):
     seq = store.last_seq
-    woke = []
-    waiter = threading.Thread(target=lambda: woke.append(store.wait_events(seq, 30)))
-    waiter.start()
-    _add(store)
-    waiter.join(30)
-    assert woke == [True]
-    assert store.wait_events(store.last_seq, 0.01) is False
+    job = _add(store)
+    assert store.last_seq > seq
+    assert [e.seq for e in store.events_after(seq)] == [store.last_seq]
+    before = store.last_seq
+    with pytest.raises(ValueError):  # rolled back: its event never existed
+        store.update_many([(job.id, "a", None, {}), (job.id, "b", None, {"no_such_column": 1})])
+    assert store.last_seq == before and store.events_after(before) == []
+    reopened = st.JobStore(store.path)
+    assert reopened.last_seq == before
+    reopened.close()

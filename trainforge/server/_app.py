@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 import trainforge
 from trainforge.server import _store as st
 from trainforge.server._runner import EVENTS_FILE, OUTPUT_FILE, RESULT_FILE
+from trainforge.server._scheduler import Pending
 from trainforge.server._service import ConflictError, JobService, NotFoundError
 
 API_PREFIX = "/api/v1"
@@ -187,8 +188,7 @@ class HealthOut(BaseModel):
     jobs: dict[str, int]
 
 
-def _pending_out(service: JobService, job_id: int) -> PendingOut | None:
-    p = service.pending(job_id)
+def _pending_out(p: Pending | None) -> PendingOut | None:
     if p is None:
         return None
     return PendingOut(reason=p.reason, position=p.position, text=p.describe(), need=p.need, free=p.free, behind=p.behind)
@@ -204,7 +204,7 @@ def job_out(service: JobService, job: st.JobRow) -> JobOut:
     }
     return JobOut(
         id=job.id, name=job.name, kind=job.kind, state=job.state, priority=job.priority,
-        pending=_pending_out(service, job.id) if job.state in st.WAITING_STATES else None,
+        pending=_pending_out(service.pending(job.id)) if job.state in st.WAITING_STATES else None,
         submitted_at=job.submitted_at, started_at=job.started_at, ended_at=job.ended_at, attempt=job.attempt,
         max_retries=job.max_retries, request=request, grant=job.grant, workers=job.workers, gpu_ids=job.gpu_ids,
         pid=job.pid, run_path=job.run_path, exit_code=job.exit_code, failure_class=job.failure_class,
@@ -630,9 +630,8 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
         out = []
         for p in service.queue():
             job = waiting.get(p.job_id)
-            if job is not None:
-                pending = PendingOut(reason=p.reason, position=p.position, text=p.describe(), need=p.need,
-                                     free=p.free, behind=p.behind)  # fmt: skip
+            pending = _pending_out(p)
+            if job is not None and pending is not None:
                 out.append(QueueEntryOut(job_id=job.id, name=job.name, priority=job.priority, pending=pending))
         return out
 

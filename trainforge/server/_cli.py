@@ -166,12 +166,18 @@ def _server_start(args: Any) -> int:
     return 0
 
 
-def _server_status(args: Any) -> int:
-    from trainforge.server._client import Client, ServerNotFoundError
+def _server_info(args: Any) -> tuple[str, dict[str, Any] | None]:
+    """The state directory of ``--state-dir`` (or the default) and its running server's info."""
     from trainforge.server._main import read_server_info
 
     state_dir = os.path.abspath(os.path.expanduser(args.state_dir or default_state_dir()))
-    info = read_server_info(state_dir)
+    return state_dir, read_server_info(state_dir)
+
+
+def _server_status(args: Any) -> int:
+    from trainforge.server._client import Client, ServerNotFoundError
+
+    state_dir, info = _server_info(args)
     if info is None:
         print(f"no train server running (state directory {state_dir})")
         return 3
@@ -199,10 +205,7 @@ def _server_stop(args: Any) -> int:
 
     import psutil
 
-    from trainforge.server._main import read_server_info
-
-    state_dir = os.path.abspath(os.path.expanduser(args.state_dir or default_state_dir()))
-    info = read_server_info(state_dir)
+    state_dir, info = _server_info(args)
     if info is None:
         print(f"no train server running (state directory {state_dir})")
         return 0

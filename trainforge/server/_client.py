@@ -195,14 +195,7 @@ class Client:
                 f"no train server answers at {self.address} ({exc}): is it running? (`trainforge server status`)"
             ) from exc
         if response.status_code >= 400:
-            try:
-                detail = response.json().get("detail")
-            except ValueError:
-                detail = response.text
-            if isinstance(detail, list):  # a schema error: name the fields
-                detail = "; ".join(f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail)
-            cls = {404: JobNotFoundError, 409: JobConflictError, 422: InvalidJobError}.get(response.status_code, ServerError)
-            raise cls(response.status_code, str(detail))
+            self._raise_for(response)
         if response.headers.get("content-type", "").startswith("application/json"):
             return response.json()
         return response.content
@@ -249,11 +242,15 @@ class Client:
                     raise ServerNotFoundError(f"lost the train server at {self.address}: {exc}") from exc
                 time.sleep(0.2)  # back off before reconnecting (the server may be restarting)
 
-    def _raise_for(self, response: httpx.Response) -> None:
+    @staticmethod
+    def _raise_for(response: httpx.Response) -> None:
+        """The server's 4xx/5xx as our exception, with its reason (a schema error names the fields)."""
         try:
             detail = response.json().get("detail")
         except ValueError:
             detail = response.text
+        if isinstance(detail, list):
+            detail = "; ".join(f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail)
         cls = {404: JobNotFoundError, 409: JobConflictError, 422: InvalidJobError}.get(response.status_code, ServerError)
         raise cls(response.status_code, str(detail))
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from trainforge.server._config import ServerConfig, effective_capacity, machine_capacity
+from trainforge.server._runner import write_atomic
 
 ADDRESS_FILE = "address"
 TOKEN_FILE = "token"
@@ -50,18 +51,8 @@ def read_token(state_dir: str) -> str | None:
 def _ensure_token(state_dir: str, given: str | None) -> str:
     path = os.path.join(state_dir, TOKEN_FILE)
     token = given or read_token(state_dir) or secrets.token_urlsafe(32)
-    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token)
-    os.chmod(path + ".tmp", 0o600)
-    os.replace(path + ".tmp", path)
+    write_atomic(path, token, mode=0o600)
     return token
-
-
-def _write_atomic(path: str, text: str) -> None:
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
 
 
 def _become_subreaper() -> None:
@@ -205,11 +196,11 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
     url = f"http://{host}:{port}"
     import psutil
 
-    _write_atomic(
+    write_atomic(
         os.path.join(config.state_dir, SERVER_FILE),
         json.dumps({"pid": os.getpid(), "create_time": psutil.Process().create_time(), "url": url, "started": time.time()}),
     )
-    _write_atomic(os.path.join(config.state_dir, ADDRESS_FILE), url)
+    write_atomic(os.path.join(config.state_dir, ADDRESS_FILE), url)
     ray_entry = _publish_on_ray(url, config.state_dir) if ray_total is not None else None
     allowed = {"127.0.0.1", "localhost", "::1", config.host.lower()}
     guard, _ = make_app(service, token=token, allowed_hosts=allowed)

@@ -34,12 +34,17 @@ OUTPUT_FILE = "output.log"
 GRANT_FILE = "grant.json"
 
 
-def _write_json_atomic(path: str, value: dict[str, Any]) -> None:
+def write_atomic(path: str, data: bytes | str, *, mode: int = 0o666, fsync: bool = False) -> None:
+    """Write a file of the server's (or the runner's) so that readers see the old or the new one
+    whole, never a part: a temporary name, then a rename. ``mode`` applies before anything is written."""
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f)
-        f.flush()
-        os.fsync(f.fileno())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.chmod(tmp, mode)  # the umask may have taken bits off; what was asked for is what we get
     os.replace(tmp, path)
 
 
@@ -80,10 +85,7 @@ def _run_trainer(job_dir: str, spec: dict[str, Any]) -> dict[str, Any]:
         print(f"trainforge: the run's result cannot be pickled ({exc}); its error is kept as text", flush=True)
         result.error = RuntimeError(str(result.error))
         blob = cloudpickle.dumps(result)
-    tmp = os.path.join(job_dir, RESULT_FILE + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(blob)
-    os.replace(tmp, os.path.join(job_dir, RESULT_FILE))
+    write_atomic(os.path.join(job_dir, RESULT_FILE), blob)
     if result.error is not None:
         return {"status": "failed", "failure_class": "user_error", "error": str(result.error), "exit_code": 1}
     return {"status": "succeeded", "exit_code": 0}
@@ -111,8 +113,8 @@ def main(job_dir: str) -> int:
         if entry not in sys.path:
             sys.path.insert(0, entry)
     job_id = os.environ.get("TRAINFORGE_JOB_ID")
-    print(f"trainforge job {job_id}: runner pid {os.getpid()}, grant {open(os.path.join(job_dir, GRANT_FILE)).read()}",
-          flush=True)  # fmt: skip
+    with open(os.path.join(job_dir, GRANT_FILE)) as f:
+        print(f"trainforge job {job_id}: runner pid {os.getpid()}, grant {f.read()}", flush=True)
     try:
         if spec["kind"] == "script":
             outcome = _run_script(spec)
@@ -131,7 +133,7 @@ def main(job_dir: str) -> int:
         }
     sys.stdout.flush()
     sys.stderr.flush()
-    _write_json_atomic(os.path.join(job_dir, EXIT_FILE), outcome)
+    write_atomic(os.path.join(job_dir, EXIT_FILE), json.dumps(outcome), fsync=True)
     return int(outcome["exit_code"])
 
 

@@ -41,6 +41,7 @@ from trainforge.server._runner import (
     RESULT_FILE,
     SPEC_FILE,
     TRAINER_FILE,
+    write_atomic,
 )
 from trainforge.server._scheduler import Decision, JobRequest, Pending, check_fits, decide, free_resources
 
@@ -66,18 +67,22 @@ class _Runner:
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
-def request_of(job: st.JobRow) -> JobRequest:
-    spec = job.spec
+def request_from_spec(spec: dict[str, Any], job_id: int = 0, *, priority: int = 0, held: bool = False) -> JobRequest:
+    """What a job spec asks for (``job_id`` 0: a request checked before the job has an id)."""
     return JobRequest(
-        job_id=job.id,
-        seq=job.id,
+        job_id=job_id,
+        seq=job_id,
         per_worker=spec.get("per_worker", {}),
         min_workers=int(spec.get("min_workers", 1)),
         max_workers=spec.get("max_workers"),
         driver=spec.get("driver", {}),
-        priority=job.priority,
-        held=job.state == st.HELD,
+        priority=priority,
+        held=held,
     )
+
+
+def request_of(job: st.JobRow) -> JobRequest:
+    return request_from_spec(job.spec, job.id, priority=job.priority, held=job.state == st.HELD)
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
@@ -183,11 +188,7 @@ class JobService:
     ) -> tuple[st.JobRow, bool]:
         """Queue a job; ValueError (with the numbers) if it can never fit. With a known
         ``submission_id``, returns that job and False instead of queueing another."""
-        probe = JobRequest(
-            job_id=0, seq=0, per_worker=spec.get("per_worker", {}), min_workers=int(spec.get("min_workers", 1)),
-            max_workers=spec.get("max_workers"), driver=spec.get("driver", {}),
-        )  # fmt: skip
-        check_fits(probe, self.capacity)
+        check_fits(request_from_spec(spec), self.capacity)
         staging = os.path.join(self.jobs_dir, f".new-{uuid.uuid4().hex}")
         os.makedirs(staging)
         if trainer_blob is not None:
@@ -208,8 +209,7 @@ class JobService:
         return self.get(job.id), True
 
     def _write_spec(self, job: st.JobRow) -> None:
-        with open(os.path.join(self.job_dir(job.id), SPEC_FILE), "w") as f:
-            json.dump(job.spec, f)
+        write_atomic(os.path.join(self.job_dir(job.id), SPEC_FILE), json.dumps(job.spec))
 
     def get(self, job_id: int) -> st.JobRow:
         job = self.store.get(job_id)
@@ -347,9 +347,12 @@ class JobService:
             except psutil.Error:
                 pass
         me = os.getpid()
+        ours = {r.pid for r in self._runners.values() if r.popen is not None}
         for proc in procs:
+            if proc.pid in ours:
+                continue  # a runner this server started: its waiter thread reaps it (and keeps its exit code)
             try:
-                if proc.ppid() == me and (self._runners.get(job_id) is None or proc.pid != runner_pid):
+                if proc.ppid() == me:
                     os.waitpid(proc.pid, 0)  # an orphan handed to us (subreaper): reap it
                 else:
                     proc.wait(timeout=10)
@@ -409,10 +412,8 @@ class JobService:
     def _write_grant(self, job_id: int, request: JobRequest, workers: int) -> None:
         # What the job's workers may use (the driver's share is not theirs), re-read by the core at
         # every sizing decision, so an elastic job sizes itself to its grant.
-        path = os.path.join(self.job_dir(job_id), GRANT_FILE)
-        with open(path + ".tmp", "w") as f:
-            json.dump({k: workers * v for k, v in request.per_worker.items()}, f)
-        os.replace(path + ".tmp", path)
+        share = {k: workers * v for k, v in request.per_worker.items()}
+        write_atomic(os.path.join(self.job_dir(job_id), GRANT_FILE), json.dumps(share))
 
     def queue(self) -> list[Pending]:
         with self._lock:

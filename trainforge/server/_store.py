@@ -8,7 +8,7 @@ connection per thread, which WAL lets run beside the writer.
 
 Each change of a job is one transaction: the row's update and an ``events`` row with a monotonic
 ``seq``. ``seq`` is the id of the server-sent event that carries it, so a client that reconnects
-with ``Last-Event-ID`` misses nothing (:meth:`JobStore.events_after`, :meth:`JobStore.wait_events`).
+with ``Last-Event-ID`` misses nothing (:meth:`JobStore.events_after`).
 The schema version is ``PRAGMA user_version``; a migration is one transaction, done before the server
 serves anything.
 """
@@ -111,10 +111,10 @@ class JobRow:
     def from_sql(cls, row: sqlite3.Row) -> JobRow:
         d = dict(row)
         d["spec"] = json.loads(d["spec"])
-        d["grant"] = json.loads(d.pop("grant_json")) if d.get("grant_json") else None
+        grant = d.pop("grant_json")
+        d["grant"] = json.loads(grant) if grant else None
         d["gpu_ids"] = json.loads(d["gpu_ids"]) if d["gpu_ids"] else None
         d["last_metrics"] = json.loads(d["last_metrics"]) if d["last_metrics"] else None
-        d.pop("grant_json", None)
         return cls(**d)
 
 
@@ -143,8 +143,8 @@ class JobStore:
         self._durable = durable
         self._write_lock = threading.Lock()
         self._local = threading.local()
-        self._new_event = threading.Condition()
         self._last_seq = 0
+        self._txn_seq = 0  # the highest event seq of the transaction under way (under _write_lock)
         self._writer = self._connect()
         self._migrate()
         self._last_seq = self._writer.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
@@ -192,6 +192,7 @@ class JobStore:
     def _transaction(self, work: Any) -> Any:
         with self._write_lock:
             conn = self._writer
+            self._txn_seq = 0
             conn.execute("BEGIN IMMEDIATE")
             try:
                 value = work(conn)
@@ -199,20 +200,17 @@ class JobStore:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-            seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
-        if seq != self._last_seq:
-            with self._new_event:
-                self._last_seq = max(self._last_seq, seq)
-                self._new_event.notify_all()
+            if self._txn_seq:  # committed: readers may now be told about these events
+                self._last_seq = self._txn_seq
         return value
 
-    @staticmethod
-    def _event(conn: sqlite3.Connection, job_id: int, type_: str, payload: dict[str, Any]) -> int:
+    def _event(self, conn: sqlite3.Connection, job_id: int, type_: str, payload: dict[str, Any]) -> int:
         cur = conn.execute(
             "INSERT INTO events(job_id, ts, type, payload) VALUES (?, ?, ?, ?)",
             (job_id, time.time(), type_, json.dumps(payload)),
         )
-        return int(cur.lastrowid or 0)
+        self._txn_seq = max(self._txn_seq, int(cur.lastrowid or 0))
+        return self._txn_seq
 
     def add_job(
         self,
@@ -349,8 +347,3 @@ class JobStore:
             Event(r["seq"], r["job_id"], r["ts"], r["type"], json.loads(r["payload"]))
             for r in self._reader().execute(sql, args)
         ]
-
-    def wait_events(self, seq: int, timeout: float) -> bool:
-        """Wait until an event past ``seq`` exists (True) or ``timeout`` passes (False)."""
-        with self._new_event:
-            return self._new_event.wait_for(lambda: self._last_seq > seq, timeout)
