@@ -52,8 +52,14 @@ def test_scaling_policy_fixed_and_elastic():
     avail["CPU"] = 8
     assert elastic.size_now() == 4 and elastic.decide(2) is ScalingDecision.GROW
     assert elastic.decide(4) is ScalingDecision.KEEP
+    avail["CPU"] = 3
+    assert elastic.decide(4) is ScalingDecision.SHRINK and elastic.decide(3) is ScalingDecision.KEEP
+    avail["CPU"] = 1
+    assert elastic.decide(4) is ScalingDecision.SHRINK and elastic.size_now() == 1  # down to min, not below
+    assert fixed.decide(4) is ScalingDecision.KEEP  # a fixed size never resizes
     avail["CPU"] = 0.5
     assert elastic.size_now() is None
+    assert elastic.decide(2) is ScalingDecision.KEEP  # below min: the failure path handles lost resources
     two_cpu = ScalingPolicy(ScalingConfig(num_workers=(1, 4), resources_per_worker={"CPU": 2, "GPU": 1}),
                             lambda: {"CPU": 8, "GPU": 3})
     assert two_cpu.size_now() == 3  # GPUs bind first
@@ -82,6 +88,35 @@ def test_elastic_grows_at_a_checkpoint_and_continues_from_it(tmp_path):
     assert h.payload_calls[-1][0] == 1 and h.payload_calls[-1][1] is not None  # attempt 1, from the checkpoint
     h.step(2)
     assert h.controller.state is RunState.FINISHED and h.controller.sizes == [2, 3]
+
+
+def test_elastic_shrinks_at_a_checkpoint_when_resources_are_reclaimed(tmp_path):
+    avail = {"CPU": 3.0}
+    g1, g2 = FakeWorkerGroup(), FakeWorkerGroup([[done(0, 0)]])
+    h = Harness(tmp_path, [g1, g2])
+    h.controller.scaling = ScalingPolicy(ScalingConfig(num_workers=(1, 3)), lambda: avail)
+    h.step(2)
+    assert g1.calls[0] == ("start", 3)
+    g1.script = [[report(r, 0, {"i": 0}) for r in range(3)]]  # no checkpoint: no sizing decision
+    h.step()
+    avail["CPU"] = 1.0  # a scheduler takes two workers' resources back
+    assert h.step() is RunState.RUNNING
+    g1.script = [
+        lambda: [*h.staged_report(0, 1, 0, {"w": "x"}, {"i": 1})(), report(1, 1, {"i": 1})],
+        [report(2, 1, {"i": 1}), report(0, 2, {"i": 2})],  # rank 0 is one report ahead
+    ]
+    h.step(2)
+    assert h.controller.state is RunState.RESIZING
+    h.step()  # RESIZING -> SCHEDULING
+    assert g1.shutdowns == [False]
+    assert [r["i"] for r in h.controller.metrics.rows] == [0, 1]  # report 2 is redone after the resize
+    assert h.callback.restarts == [(1, "resize to 1 workers")] and h.controller.failures == []
+    assert controller_mod.parse_resize_reason(h.callback.restarts[0][1]) == 1
+    h.step()
+    assert g2.calls[0] == ("start", 1)
+    assert h.payload_calls[-1][0] == 1 and h.payload_calls[-1][1] is not None  # attempt 1, from the checkpoint
+    h.step(2)
+    assert h.controller.state is RunState.FINISHED and h.controller.sizes == [3, 1]
 
 
 def test_elastic_waits_for_minimum_then_starts(tmp_path, monkeypatch):

@@ -2,13 +2,16 @@
 
     INITIALIZING -> SCHEDULING -> RUNNING -> FINISHED
                         ^   ^        |   |
-                        |   |        |   +-> RESIZING (elastic: resources for more workers, at a checkpoint)
+                        |   |        |   +-> RESIZING (elastic: grow or shrink to what the resources fit, at a checkpoint)
                         |   +--------+-------------+
                         |            v
                     RESTARTING <- (failure, policy says restart)  -> ERRORED (policy says give up)
 
 SCHEDULING waits (up to $TRAINFORGE_RESOURCE_WAIT_S) until the scaling policy finds room for at
-least the minimum number of workers. Every (re)start continues the metrics history from the latest
+least the minimum number of workers. RESIZING happens only right after a committed checkpoint, when
+the scaling policy says GROW (more workers fit now) or SHRINK (the resource view dropped, e.g. a
+train server took lent workers back, but still fits the minimum): no work is lost and no failure is
+counted. Every (re)start continues the metrics history from the latest
 committed checkpoint: reports made after it are dropped from the history, as their work is redone.
 
 ``run_iter()`` steps it until a terminal state and yields each completed report. Everything it
@@ -56,6 +59,23 @@ logger = logging.getLogger("trainforge")
 # rank has failed or finished.
 FAILURE_SETTLE_S = 0.3
 POLL_INTERVAL_S = 0.1
+
+
+_RESIZE_PREFIX = "resize to "
+_RESIZE_SUFFIX = " workers"
+
+
+def resize_reason(n: int) -> str:
+    """The restart reason callbacks get for a resize to ``n`` workers (``on_restart``)."""
+    return f"{_RESIZE_PREFIX}{n}{_RESIZE_SUFFIX}"
+
+
+def parse_resize_reason(reason: str) -> int | None:
+    """The worker count of a :func:`resize_reason`, or None for any other restart reason."""
+    if not (reason.startswith(_RESIZE_PREFIX) and reason.endswith(_RESIZE_SUFFIX)):
+        return None
+    n = reason[len(_RESIZE_PREFIX):-len(_RESIZE_SUFFIX)]
+    return int(n) if n.isdigit() else None
 
 
 class _ResourcesUnavailable(Exception):
@@ -292,19 +312,21 @@ class Controller:
         return failures
 
     def _resize(self) -> None:
-        """Grow an elastic group: stop it right after a committed checkpoint and start a bigger one
-        from that checkpoint (no failure is counted)."""
+        """Grow or shrink an elastic group: stop it right after a committed checkpoint and start one
+        of the new size from that checkpoint (no failure is counted)."""
         n, self._resize_to = self._resize_to, None
+        assert n is not None
+        why = "resources returned" if n > len(self._specs) else "resources reclaimed"
         logger.warning(
-            "resizing the worker group from %d to %d workers (resources returned): restarting as attempt %d from %s",
-            len(self._specs), n, self.attempt + 1, self._resume_point(),
+            "resizing the worker group from %d to %d workers (%s): restarting as attempt %d from %s",
+            len(self._specs), n, why, self.attempt + 1, self._resume_point(),
         )
         self._stop_group(graceful=False)
         self._discard_incomplete()
         self.metrics.truncate(self.checkpoints.latest_metrics_rows)
         self.attempt += 1
         for cb in self.hooks.callbacks:
-            cb.on_restart(self.attempt, f"resize to {n} workers")
+            cb.on_restart(self.attempt, resize_reason(n))
         self._transition(RunState.SCHEDULING)
 
     def _restart(self) -> None:
@@ -355,8 +377,7 @@ class Controller:
                 self.attempt, index, with_ckpt, seq, metrics0, extra={"metrics_rows": rows}
             )
             self.checkpoints.register(checkpoint, metrics0, seq, rows)
-            if self.scaling is not None and self.scaling.decide(len(self._specs)) == ScalingDecision.GROW:
-                self._resize_to = self.scaling.size_now()
+            self._check_size()
         report = TrainingReport(
             index=self._reports.rank0_rows[index] - 1,  # its row in the history (metrics_dataframe)
             metrics=metrics0,
@@ -367,6 +388,18 @@ class Controller:
         for cb in self.hooks.callbacks:
             cb.on_report(report)
         self._out.append(report)
+
+    def _check_size(self) -> None:
+        """At a committed checkpoint: resize an elastic group that more (GROW) or fewer (SHRINK)
+        workers fit now; the new size is read once more, so a view that changed meanwhile is used
+        as it is now, and a resize to the current size is none."""
+        if self.scaling is None:
+            return
+        current = len(self._specs)
+        if self.scaling.decide(current) in (ScalingDecision.GROW, ScalingDecision.SHRINK):
+            n = self.scaling.size_now()
+            if n is not None and n != current:
+                self._resize_to = n
 
     def _on_failure(self, failures: list[WorkerFailure]) -> None:
         for f in failures:

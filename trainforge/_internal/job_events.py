@@ -7,7 +7,9 @@ happened while the server itself was down). One JSON object per line, flushed as
 
 - ``{"type": "run_start", "run_path", "name", "num_workers", "t"}``
 - ``{"type": "report", "index", "attempt", "metrics", "all_metrics", "checkpoint", "t"}``
-- ``{"type": "restart", "attempt", "reason", "t"}``
+- ``{"type": "restart", "attempt", "reason", "t"}``, plus ``"workers"`` (the new group size) when the
+  restart is an elastic resize (grow or shrink at a checkpoint); the server reads it to know a
+  shrink it asked for happened
 - ``{"type": "run_end", "status": "finished" | "errored", "error", "metrics", "checkpoint", "t"}``
 """
 
@@ -20,6 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from trainforge._internal import constants
 from trainforge._internal.callback import Callback
+from trainforge._internal.controller import parse_resize_reason
 from trainforge._internal.storage import dumps
 
 if TYPE_CHECKING:
@@ -64,7 +67,11 @@ class JobEventsCallback(Callback):
         )
 
     def on_restart(self, attempt: int, reason: str) -> None:
-        self._write({"type": "restart", "attempt": attempt, "reason": reason})
+        event: dict[str, Any] = {"type": "restart", "attempt": attempt, "reason": reason}
+        workers = parse_resize_reason(reason)
+        if workers is not None:
+            event["workers"] = workers
+        self._write(event)
 
     def on_run_end(self, result: Result) -> None:
         self._write(

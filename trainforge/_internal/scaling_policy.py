@@ -1,4 +1,5 @@
-"""How many workers to run: fixed, or elastic within (min, max) by the resources on offer.
+"""How many workers to run: fixed, or elastic within (min, max) by the resources on offer, growing
+when more fit and shrinking (never below min) when the offer drops below what the group uses.
 
 The resource view is the executor's: the local machine's CPUs and GPUs (resources.local_available),
 or a Ray cluster's free resources plus those the run's own placement group holds
@@ -17,11 +18,15 @@ from trainforge._internal.resources import per_worker, workers_that_fit
 class ScalingDecision(enum.Enum):
     KEEP = "keep"
     GROW = "grow"
+    SHRINK = "shrink"
 
 
 class ScalingPolicy:
     """``size_now()`` is the group size to start with now (None: not even ``min`` fits yet);
-    ``decide(current)`` says whether a running elastic group should grow."""
+    ``decide(current)`` says whether a running elastic group should grow (more workers fit) or
+    shrink (fewer fit, but still ``min``: a scheduler took resources back). Below ``min`` it says
+    KEEP: resources that are really gone make the workers fail, and the failure path restarts
+    smaller or waits."""
 
     def __init__(self, scaling: ScalingConfig, available: Callable[[], dict[str, float]], executor: str = "local"):
         self.scaling = scaling
@@ -35,10 +40,14 @@ class ScalingPolicy:
         return n if n >= self.scaling.min_workers else None
 
     def decide(self, current: int) -> ScalingDecision:
-        if not self.scaling.elastic or current >= self.scaling.max_workers:
+        if not self.scaling.elastic:
             return ScalingDecision.KEEP
-        n = self.size_now()
-        return ScalingDecision.GROW if n is not None and n > current else ScalingDecision.KEEP
+        n = workers_that_fit(self.scaling, self._available())
+        if n > current:
+            return ScalingDecision.GROW
+        if self.scaling.min_workers <= n < current:
+            return ScalingDecision.SHRINK
+        return ScalingDecision.KEEP
 
     def shortage(self) -> str:
         need = per_worker(self.scaling)
