@@ -81,6 +81,18 @@ class ServerProc:
                 continue
         return found
 
+    def zygotes(self) -> list[psutil.Process]:
+        """The server's warm fork servers, found by the state directory on their command line."""
+        found = []
+        for p in psutil.process_iter():
+            try:
+                cmd = p.cmdline()
+            except psutil.Error:
+                continue
+            if "trainforge._internal.zygote" in cmd and any(a.startswith(self.state_dir) for a in cmd):
+                found.append(p)
+        return found
+
     def kill9(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
@@ -99,6 +111,14 @@ class ServerProc:
         """Stop the server and kill what is left of its jobs; returns what was left."""
         self.stop()
         left = []
+        # The warm fork server winds down once the server is gone and its last child ended.
+        _gone, alive = psutil.wait_procs(self.zygotes(), timeout=10)
+        for p in alive:
+            try:
+                left.append((p.pid, " ".join(p.cmdline())[:200]))
+                p.kill()
+            except psutil.Error:
+                pass
         for p in self.job_processes():
             try:
                 left.append((p.pid, " ".join(p.cmdline())))

@@ -77,7 +77,7 @@ class Api:
     """A JobService (runner-less) behind the guarded ASGI app, and a synchronous client for it."""
 
     def __init__(self, state_dir: str, capacity: dict[str, float]):
-        self.service = JobService(state_dir, capacity, stop_grace_s=1.0)
+        self.service = JobService(state_dir, capacity, stop_grace_s=1.0, warm=False)
         self.starts = NoRunner(self.service)
         self.service._start = self.starts  # type: ignore[method-assign]
         self.service.recover()

@@ -300,6 +300,43 @@ def test_an_elastic_job_starts_at_what_fits_and_grows_when_capacity_frees(train_
     assert "grow" in [e["type"] for e in _events(elastic)]
 
 
+def test_an_elastic_job_lends_its_extra_workers_to_a_waiting_job_at_a_checkpoint(tmp_path, monkeypatch):
+    from serverutil import ServerProc
+
+    server = ServerProc(str(tmp_path / "server"), capacity="CPU=3").start()
+    try:
+        monkeypatch.setenv("TRAINFORGE_SERVER_DIR", server.state_dir)
+        asked, fixed_done = str(tmp_path / "asked"), str(tmp_path / "fixed_done")
+        elastic = DataParallelTrainer(
+            _gated_loop,
+            train_loop_config={"steps": 6, "gate_at": [2, 4], "gates": [asked, fixed_done], "checkpoint": True},
+            scaling_config=ScalingConfig(num_workers=(1, 3)),
+            run_config=RunConfig(name="lender", storage_path=str(tmp_path / "runs"), verbose=0),
+        ).submit()  # fmt: skip
+        assert _first_report(elastic).metrics["world"] == 3  # all the capacity
+        fixed = _trainer(tmp_path, "fixed", workers=2).submit()
+        assert fixed.status().state == "QUEUED"
+        _wait_until(lambda: "shrink" in [e["type"] for e in _events(elastic)], 30, "the shrink request")
+        open(asked, "w").close()  # a checkpoint after the request: the elastic job shrinks there
+        assert fixed.wait(60).state == "SUCCEEDED"
+        open(fixed_done, "w").close()
+        result = elastic.result(timeout=60)
+        assert list(result.metrics_dataframe["step"]) == list(range(6))  # nothing lost, nothing twice
+        worlds = list(result.metrics_dataframe["world"])
+        assert worlds[0] == 3 and 1 in worlds, worlds
+        events = _events(elastic)
+        shrink = [e for e in events if e["type"] == "shrink"]
+        shrunk = [e for e in events if e["type"] == "shrunk"]
+        assert [e["payload"] for e in shrink] == [{"workers": 1, "for_job": fixed.id}]
+        assert shrunk and shrunk[0]["payload"]["workers"] == 1 and shrink[0]["seq"] < shrunk[0]["seq"]
+        starting = [e for e in _events(fixed) if e["type"] == "starting"][0]
+        assert starting["seq"] > shrunk[0]["seq"]  # the fixed job started once the elastic one had shrunk
+    finally:
+        left = server.cleanup()
+    assert not left, f"job processes left behind: {left}"
+    assert "Traceback" not in server.output, server.output
+
+
 async def _async_loop(config):
     import asyncio
 
@@ -411,3 +448,85 @@ def test_submit_starts_a_server_in_the_background_when_none_runs(tmp_path, monke
         server.terminate()
         server.wait(30)
     assert not (state_dir / "address").exists()  # a clean stop removes it
+
+
+def _process_loop(config):
+    """Reports which process it is and its parent (and torch's thread count for a TorchTrainer),
+    then waits for the gate file, if any."""
+    import sys
+
+    info = {"pid": os.getpid(), "ppid": os.getppid(), "rank": trainforge.get_context().get_world_rank()}
+    if "torch" in sys.modules:
+        info["threads"] = sys.modules["torch"].get_num_threads()
+    trainforge.report(info)
+    while config.get("gate") and not os.path.exists(config["gate"]):
+        time.sleep(0.02)
+
+
+def _warm_pool(client, timeout=60.0):
+    _wait_until(lambda: client.health()["warm_pool"]["ready"], timeout, "the warm pool")
+    return client.health()["warm_pool"]
+
+
+def test_a_warm_server_forks_jobs_from_its_zygote_and_stop_still_finds_every_process(train_server, tmp_path):
+    from trainforge.server import Client
+
+    pool = _warm_pool(Client())
+    gate = str(tmp_path / "gate")
+    job = _trainer(tmp_path, "forked", _process_loop, gate=gate).submit()
+    report = _first_report(job)
+    procs = {p.pid: p for p in train_server.job_processes(job.id)}  # found by the marks in /proc/PID/environ
+    runner = [p for p in procs.values() if "trainforge.server._runner" in " ".join(p.cmdline())]
+    assert len(runner) == 1 and runner[0].ppid() == pool["pid"]
+    workers = [m["pid"] for m in report.all_metrics]
+    assert set(workers) <= set(procs) and {m["ppid"] for m in report.all_metrics} == {pool["pid"]}
+    status = job.stop(grace_s=5)
+    assert status.state == "STOPPED"
+    assert train_server.job_processes(job.id) == []
+    with open(os.path.join(train_server.state_dir, "zygote.log")) as f:
+        assert "ready" in f.read()
+    open(gate, "w").close()
+
+
+def test_torch_jobs_teach_the_warm_pool_torch_and_keep_their_thread_count(train_server, tmp_path):
+    from trainforge.server import Client
+    from trainforge.torch import TorchTrainer
+
+    pool = _warm_pool(Client())
+
+    def make(name):
+        return TorchTrainer(
+            _process_loop, scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name=name, storage_path=str(tmp_path / "runs"), verbose=0),
+        )  # fmt: skip
+
+    first = make("teaches").submit().result(timeout=180)
+    assert first.error is None
+    learned = os.path.join(train_server.state_dir, "warm_modules")
+    _wait_until(lambda: os.path.exists(learned) and "torch" in open(learned).read().split(), 60, "torch learned")
+    job = make("warm").submit()
+    report = _first_report(job)
+    assert job.result(timeout=180).error is None
+    # Forked from a zygote that imported torch with no $OMP_NUM_THREADS: each worker still runs the
+    # 1 thread its 1 CPU allows, as a fresh worker would.
+    assert [m["threads"] for m in report.all_metrics] == [1, 1]
+    assert {m["ppid"] for m in report.all_metrics} == {pool["pid"]}
+
+
+def test_a_server_started_no_warm_starts_fresh_processes(tmp_path, monkeypatch):
+    from serverutil import ServerProc
+
+    server = ServerProc(str(tmp_path / "cold"), extra=("--no-warm",)).start()
+    try:
+        client = server.client()
+        assert client.health()["warm_pool"] == {"enabled": False, "ready": False, "pid": None}
+        monkeypatch.setenv("TRAINFORGE_SERVER_DIR", server.state_dir)
+        job = _trainer(tmp_path, "cold", _process_loop).submit()
+        report = _first_report(job)
+        assert job.result(timeout=120).error is None
+        runner_pids = {m["ppid"] for m in report.all_metrics}  # fresh workers are the runner's children
+        assert len(runner_pids) == 1 and runner_pids != {server.proc.pid}
+        assert server.zygotes() == []
+    finally:
+        left = server.cleanup()
+    assert not left

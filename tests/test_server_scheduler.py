@@ -159,6 +159,17 @@ def test_an_elastic_job_starts_with_what_fits_up_to_its_maximum():
     assert start.workers == 8
 
 
+def test_blocked_is_the_first_job_lacking_resources_found_without_the_others_reasons():
+    big = JobRequest(1, seq=0, per_worker={"CPU": 4})  # takes everything: the scan stops after it
+    held = JobRequest(2, seq=1, per_worker={"CPU": 1}, held=True)
+    rest = [JobRequest(3 + i, seq=2 + i, per_worker={"CPU": 1}) for i in range(1000)]
+    decision = decide([big, held, *rest], [], {"CPU": 4})
+    assert [s.job_id for s in decision.starts] == [1]
+    assert decision.blocked == 3 and decision._rest is not None  # the 1000 reasons are not worked out yet
+    assert decision.pending[1] == Pending(3, 1, "resources", need={"CPU": 1.0}, free={"CPU": 0.0})
+    assert decide([big], [], {"CPU": 4}).blocked is None
+
+
 def test_a_request_beyond_capacity_is_refused_with_the_numbers():
     job = JobRequest(7, seq=0, per_worker={"GPU": 1, "CPU": 1}, min_workers=3)
     with pytest.raises(ValueError, match=r"job 7 asks for 3 GPU \(capacity 2\).*--capacity"):
@@ -190,5 +201,7 @@ def test_stopping_the_scan_early_changes_nothing(queue, running_share, zero):
     full = _Scan(ordered, free_resources(CAPACITY, running))
     full.run(0, stop_when_saturated=False)
     decision = decide(queue, running, CAPACITY)
+    # read before the lazy reasons are worked out: the first job lacking resources, found either way
+    assert decision.blocked == full.blocked == next((p.job_id for p in full.pending if p.reason == "resources"), None)
     assert sorted(decision.starts, key=lambda s: s.job_id) == sorted(full.starts, key=lambda s: s.job_id)
     assert decision.pending == full.pending

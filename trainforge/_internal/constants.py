@@ -34,6 +34,7 @@ ENV_WORKER_PRELOAD = "TRAINFORGE_WORKER_PRELOAD"  # comma-separated modules a wo
 # events to (run start, reports, restarts, run end) as JSON lines, which the server tails.
 ENV_JOB_ID = "TRAINFORGE_JOB_ID"
 ENV_JOB_EVENTS = "TRAINFORGE_JOB_EVENTS"
+ENV_SERVER_ID = "TRAINFORGE_SERVER_ID"  # with ENV_JOB_ID, marks every process of a train-server job
 
 DEFAULT_STORAGE_DIRNAME = "trainforge_results"
 DEFAULT_SHUTDOWN_GRACE_S = 5.0

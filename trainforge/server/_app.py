@@ -186,6 +186,9 @@ class HealthOut(BaseModel):
     pid: int
     uptime_s: float
     jobs: dict[str, int]
+    warm_pool: dict[str, Any] = Field(
+        default_factory=dict, description="the warm fork server jobs' processes start from: enabled, ready, pid"
+    )
 
 
 def _pending_out(p: Pending | None) -> PendingOut | None:
@@ -429,7 +432,8 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
     def health() -> HealthOut:
         counts = {s: service.store.count([s]) for s in (st.QUEUED, st.HELD, st.STARTING, st.RUNNING, st.STOPPING)}
         return HealthOut(status="ok", version=trainforge.__version__, pid=os.getpid(),
-                         uptime_s=time.time() - service.started_at, jobs=counts)  # fmt: skip
+                         uptime_s=time.time() - service.started_at, jobs=counts,
+                         warm_pool=service.warm_pool)  # fmt: skip
 
     @app.post(f"{p}/jobs", status_code=201, response_model=SubmitOut)
     def submit(spec: JobSpecIn) -> SubmitOut:

@@ -35,6 +35,8 @@ def add_commands(sub: Any) -> None:
                        "(default CPU=1 on 8+ CPUs, memory=min(2G, 10%%))")  # fmt: skip
     start.add_argument("--stop-grace", type=float, default=10.0, help="seconds a stopped job has to end cleanly")
     start.add_argument("--durable", action="store_true", help="fsync every commit (survives power loss)")
+    start.add_argument("--no-warm", dest="warm", action="store_false",
+                       help="start every job's processes fresh (no warm fork server; saves its memory)")  # fmt: skip
     start.add_argument("--token-file", help="read the API token from this file (needed for a non-loopback --host)")
     start.add_argument("--detach", action="store_true", help="run in the background; output in <state-dir>/server.log")
     start.set_defaults(func=_server_start)
@@ -142,7 +144,7 @@ def _server_start(args: Any) -> int:
             token = f.read().strip()
     config = ServerConfig(
         state_dir=state_dir, host=args.host, port=args.port, capacity=args.capacity, reserve=args.reserve,
-        stop_grace_s=args.stop_grace, durable=args.durable, token=token,
+        stop_grace_s=args.stop_grace, durable=args.durable, token=token, warm=args.warm,
     )  # fmt: skip
     if args.detach:
         from trainforge.server._client import start_background_server
@@ -154,6 +156,8 @@ def _server_start(args: Any) -> int:
             forward += ["--reserve", ",".join(f"{k}={v}" for k, v in args.reserve.items())]
         if args.durable:
             forward.append("--durable")
+        if not args.warm:
+            forward.append("--no-warm")
         if args.token_file:
             forward += ["--token-file", os.path.abspath(args.token_file)]
         print(f"trainforge server: starting in the background (output in {config.state_dir}/server.log) ...", flush=True)

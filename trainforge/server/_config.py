@@ -38,6 +38,9 @@ class ServerConfig:
     min(2 GiB, 10%) of memory for the server and the rest of the system. ``stop_grace_s``: how long a
     stopped job has to end cleanly (as after Ctrl-C) before what remains of it is killed.
     ``durable``: SQLite ``synchronous=FULL`` (survives a power loss, slower submissions).
+    ``warm``: keep a warm fork server that jobs' runners and local workers are forked from (trainforge
+    and, once an earlier job needed them, torch and the like already imported), so a job's processes
+    start in milliseconds instead of a fresh interpreter's import time each; False starts fresh ones.
     A non-loopback ``host`` is refused unless ``token`` is given (the token is otherwise random, in
     ``<state_dir>/token``, mode 0600).
 
@@ -54,6 +57,7 @@ class ServerConfig:
     stop_grace_s: float = 10.0
     durable: bool = False
     token: str | None = None
+    warm: bool = True
 
     def __post_init__(self) -> None:
         self.state_dir = os.path.abspath(os.path.expanduser(self.state_dir))

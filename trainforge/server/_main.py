@@ -171,7 +171,8 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
     capacity = effective_capacity(config, ray_total if ray_total is not None else machine_capacity())
     if ray_total is not None and config.capacity is None:
         capacity = {k: float(v) for k, v in ray_total.items()}  # the cluster's own: no reserve taken off
-    service = JobService(config.state_dir, capacity, durable=config.durable, stop_grace_s=config.stop_grace_s)
+    service = JobService(config.state_dir, capacity, durable=config.durable, stop_grace_s=config.stop_grace_s,
+                         warm=config.warm)  # fmt: skip
     t0 = time.perf_counter()
     counts = service.recover()  # before anything is accepted
     recover_s = time.perf_counter() - t0

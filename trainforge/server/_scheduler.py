@@ -23,6 +23,15 @@ The rule:
 4. **Never fits.** A request larger than the whole capacity can never start: :func:`check_fits`
    rejects it at submission, naming the numbers (a job already queued when capacity shrank below
    its request waits with reason ``resources``, and reserves, until capacity returns).
+5. **Lending (elastic jobs).** The workers an elastic job runs above its ``min_workers`` are lent.
+   When the first waiting job that is not held (:attr:`Decision.blocked`) lacks resources that such
+   extras hold, the lending jobs, lowest priority first, then newest first, are asked to shrink,
+   never below their minimum, just enough for it to fit (or not at all, if all their extras
+   together would not be enough). A job shrinks at its next committed checkpoint, so no work is
+   lost (one that never checkpoints gives nothing back until it ends); what it gives back goes to
+   the waiting job. A running elastic job grows only into resources that no waiting job lacks, so
+   grow and shrink never ping-pong. The server does both (``JobService._shrink`` and ``_grow``);
+   this function only names the blocked job.
 """
 
 from __future__ import annotations
@@ -130,14 +139,17 @@ class Decision:
     """``starts``: the jobs to start now. ``pending``: the others with their reasons, in queue order,
     worked out when first read (a server with 10,000 queued jobs decides in a few milliseconds: once
     every resource kind that is still free is reserved, no later job can start, so the scan stops
-    and the reasons of the rest wait until someone asks). ``reserved``: kinds a waiting job lacks."""
+    and the reasons of the rest wait until someone asks). ``reserved``: kinds a waiting job lacks.
+    ``blocked``: the first waiting job, in queue order and not held, that lacks resources (the one
+    elastic jobs lend to, rule 5), known without working out the others' reasons."""
 
     def __init__(self, starts: list[Start], pending: list[Pending], rest: Callable[[], list[Pending]] | None = None,
-                 reserved: set[str] | None = None):  # fmt: skip
+                 reserved: set[str] | None = None, blocked: int | None = None):  # fmt: skip
         self.starts = starts
         self._pending = pending
         self._rest = rest
         self.reserved = reserved if reserved is not None else set()
+        self.blocked = blocked
 
     @property
     def pending(self) -> list[Pending]:
@@ -206,10 +218,18 @@ class _Scan:
         self.position = 0
         self.starts: list[Start] = []
         self.pending: list[Pending] = []
+        self.blocked: int | None = None  # the first job that lacks resources
         # The distinct sets of kinds jobs ask for: once each set has a kind that is reserved or has
         # nothing free, no later job can start (free only shrinks and reservations only grow).
         self.requests = list(map(operator.attrgetter("min_request"), ordered))
         self.shapes = {kinds for kinds in map(operator.attrgetter("kinds"), ordered) if kinds}
+
+    def first_lacking(self, i: int) -> int | None:
+        """The first job from index ``i`` on that is not held and lacks resources (read-only)."""
+        for job in self.ordered[i:]:
+            if not job.held and _lacking(job.min_request, self.free):
+                return job.job_id
+        return None
 
     def saturated(self) -> bool:
         free, reserved = self.free, self.reserved
@@ -236,6 +256,8 @@ class _Scan:
                 )  # fmt: skip
                 for k in lacking:
                     reserved.setdefault(k, (self.position, job.job_id))
+                if self.blocked is None:
+                    self.blocked = job.job_id
                 if stop_when_saturated and self.saturated():
                     return i
                 continue
@@ -263,7 +285,7 @@ def decide(queue: Sequence[JobRequest], running: Sequence[Resources], capacity: 
     scan = _Scan(ordered, free_resources(capacity, running))
     resume = scan.run(0, stop_when_saturated=True)
     if resume >= len(ordered):
-        return Decision(scan.starts, scan.pending, reserved=set(scan.reserved))
+        return Decision(scan.starts, scan.pending, reserved=set(scan.reserved), blocked=scan.blocked)
     # Saturated: every kind with anything free is reserved, so a later job can start only if it
     # asks for nothing at all. Start those now; the others' reasons are worked out when asked for.
     starts = list(scan.starts)
@@ -272,9 +294,12 @@ def decide(queue: Sequence[JobRequest], running: Sequence[Resources], capacity: 
             if not job.held and not job.min_request:
                 starts.append(Start(job.job_id, job.upper_workers, {}))
     done = len(scan.pending)
+    # Saturated with nobody lacking yet (the last start took what was left): the next job that asks
+    # for anything lacks it, so this walk is short.
+    blocked = scan.blocked if scan.blocked is not None else scan.first_lacking(resume)
 
     def rest() -> list[Pending]:
         scan.run(resume, stop_when_saturated=False)
         return scan.pending[done:]
 
-    return Decision(starts, list(scan.pending), rest, reserved=set(scan.reserved))
+    return Decision(starts, list(scan.pending), rest, reserved=set(scan.reserved), blocked=blocked)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import select
 import shutil
@@ -31,7 +32,7 @@ from typing import Any
 
 import psutil
 
-from trainforge._internal import constants
+from trainforge._internal import constants, zygote
 from trainforge.server import _store as st
 from trainforge.server._runner import (
     EVENTS_FILE,
@@ -47,8 +48,17 @@ from trainforge.server._scheduler import Decision, JobRequest, Pending, check_fi
 
 logger = logging.getLogger(__name__)
 
-ENV_SERVER_ID = "TRAINFORGE_SERVER_ID"
+ENV_SERVER_ID = constants.ENV_SERVER_ID
 _TAIL_INTERVAL_S = 0.05
+_EPS = 1e-9
+ZYGOTE_LOG = "zygote.log"
+WARM_MODULES_FILE = "warm_modules"  # what earlier jobs' workers imported: the next zygote starts with it
+# What a runner and its workers import for any job: the zygote has them before the first job.
+WARM_PRELOAD = (
+    "trainforge", "trainforge.server._runner", "trainforge._internal.worker_main", "trainforge._internal.train_fn",
+    "trainforge._internal.worker_group.local", "trainforge._internal.job_events", "trainforge._internal.datasets",
+    "cloudpickle", "multiprocessing.connection",
+)  # fmt: skip
 
 
 class NotFoundError(LookupError):
@@ -60,10 +70,19 @@ class ConflictError(RuntimeError):
 
 
 @dataclasses.dataclass
+class _Sized:
+    """What a job's new events show of its worker group's size (:meth:`JobService._ingest`)."""
+
+    resized: int | None = None  # the workers of its latest elastic resize (a "restart" with "workers")
+    world: int | None = None  # its size at the latest event that shows one (None: unknown since)
+    news: bool = False  # an event showed the size, or made it unknown (a failure restart, a new run)
+
+
+@dataclasses.dataclass
 class _Runner:
     job_id: int
     pid: int
-    popen: subprocess.Popen[bytes] | None  # None: reattached after a server restart
+    popen: subprocess.Popen[bytes] | zygote.ZygoteChild | None  # None: reattached after a server restart
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
@@ -95,8 +114,12 @@ def _read_json(path: str) -> dict[str, Any] | None:
 
 
 class JobService:
-    def __init__(self, state_dir: str, capacity: dict[str, float], *, durable: bool = False, stop_grace_s: float = 10.0):
+    def __init__(self, state_dir: str, capacity: dict[str, float], *, durable: bool = False, stop_grace_s: float = 10.0,
+                 warm: bool = True):  # fmt: skip
         self.state_dir = state_dir
+        self.warm = warm
+        self._zygote: subprocess.Popen[bytes] | None = None
+        self._zygote_path: str | None = None  # set once the zygote serves
         self.jobs_dir = os.path.join(state_dir, "jobs")
         os.makedirs(self.jobs_dir, exist_ok=True)
         self.capacity = dict(capacity)
@@ -111,6 +134,11 @@ class JobService:
         self._decision: Decision | None = None  # the latest; its reasons are worked out when asked for
         self._pending: dict[int, Pending] | None = None
         self._shapes: dict[int, tuple[JobRequest, int]] = {}  # running elastic jobs: request, workers
+        # Running elastic jobs asked to shrink (by _shrink): job id -> target workers. Their grant file
+        # says the target; their grant here still counts their current workers until _resized sees
+        # them run within it. Empty after a server restart (see _resized).
+        self._shrinking: dict[int, int] = {}
+        self._world: dict[int, int] = {}  # running elastic jobs' group sizes, as their latest events show
         self._offsets: dict[int, int] = {}
         self._ingest_locks: dict[int, threading.Lock] = {}
         self._closing = threading.Event()
@@ -162,14 +190,59 @@ class JobService:
     def start(self) -> None:
         self._tailer = threading.Thread(target=self._tail_loop, daemon=True, name="tf-tailer")
         self._tailer.start()
+        if self.warm:
+            self._start_zygote()
+
+    def _start_zygote(self) -> None:
+        """The warm fork server (``_internal/zygote.py``) that jobs' runners and workers are forked
+        from once it is ready (a second or so after start: jobs started before then get fresh
+        processes, as they do when it is off or fails)."""
+        path = zygote.socket_path(self.state_dir)
+        try:
+            proc, ready_fd = zygote.launch(
+                path, log_path=os.path.join(self.state_dir, ZYGOTE_LOG), preload=WARM_PRELOAD,
+                learn_file=os.path.join(self.state_dir, WARM_MODULES_FILE),
+            )  # fmt: skip
+        except OSError as exc:
+            logger.warning("no warm process pool (%s): every job starts fresh processes", exc)
+            return
+        self._zygote = proc
+
+        def await_ready() -> None:
+            try:
+                ready, _, _ = select.select([ready_fd], [], [], 60.0)
+                line = os.read(ready_fd, 100) if ready else b""
+            finally:
+                os.close(ready_fd)
+            if line.startswith(b"ready") and not self._closing.is_set():
+                self._zygote_path = path
+            else:
+                logger.warning("the warm process pool did not start (see %s): every job starts fresh processes",
+                               os.path.join(self.state_dir, ZYGOTE_LOG))  # fmt: skip
+
+        threading.Thread(target=await_ready, daemon=True, name="tf-zygote-ready").start()
+
+    @property
+    def warm_pool(self) -> dict[str, Any]:
+        """The warm pool's state, for /health and the dashboard."""
+        proc = self._zygote
+        return {
+            "enabled": self.warm,
+            "ready": self._zygote_path is not None and proc is not None and proc.poll() is None,
+            "pid": proc.pid if proc is not None else None,
+        }
 
     def active_jobs(self) -> list[int]:
         with self._lock:
             return sorted(self._runners)
 
     def close(self) -> None:
-        """Stop following the jobs (they keep running; the next server reattaches them)."""
+        """Stop following the jobs (they keep running; the next server reattaches them). The zygote
+        stops serving and exits once the processes it forked have ended."""
         self._closing.set()
+        self._zygote_path = None
+        if self._zygote is not None and self._zygote.stdin is not None:
+            self._zygote.stdin.close()
         if self._tailer is not None:
             self._tailer.join(timeout=5)
         self.store.close()
@@ -380,18 +453,69 @@ class JobService:
             self._decision, self._pending = decision, None
             for start in decision.starts:
                 self._start(start.job_id, start.workers, start.grant)
+            self._shrink(decision)
             self._grow(decision.reserved)
+
+    def _shrink(self, decision: Decision) -> None:
+        """Take lent workers back: the workers an elastic job runs above its minimum are lent. When
+        the first waiting job that is not held (``decision.blocked``) lacks resources that such
+        extras hold, the lending jobs (lowest priority first, then newest first) are asked to shrink,
+        never below their minimum, just enough for it to fit, counting what jobs already shrinking
+        will give back; if all the extras together are not enough, nobody is asked. Asking writes the smaller
+        grant file (the core reads it at the job's next committed checkpoint and resizes there, so no
+        work is lost; a job that never checkpoints gives nothing back until it ends) and records a
+        ``shrink`` event; the grant here shrinks only once the job runs within it (:meth:`_resized`).
+        Only the first blocked job is looked at, so this stays cheap however long the queue."""
+        waiting = self._requests.get(decision.blocked) if decision.blocked is not None else None
+        if waiting is None or not self._shapes:
+            return
+        free = free_resources(self.capacity, self._grants.values())
+        for job_id, target in self._shrinking.items():  # what shrinks under way will give back
+            request, workers = self._shapes[job_id]
+            for k, v in request.per_worker.items():
+                free[k] = free.get(k, 0.0) + (workers - target) * v
+        lacking = {k: v - free.get(k, 0.0) for k, v in waiting.min_request.items() if v > free.get(k, 0.0) + _EPS}
+        if not lacking:
+            return  # the shrinks under way will make room
+        lenders = sorted(
+            (job_id for job_id, (request, workers) in self._shapes.items()
+             if job_id not in self._shrinking and workers > request.min_workers
+             and any(request.per_worker.get(k, 0.0) > 0 for k in lacking)),
+            key=lambda job_id: (self._shapes[job_id][0].priority, -job_id),
+        )  # fmt: skip
+        targets: list[tuple[int, int]] = []
+        for job_id in lenders:
+            request, workers = self._shapes[job_id]
+            need = [math.ceil(left / request.per_worker[k] - _EPS) for k, left in lacking.items()
+                    if request.per_worker.get(k, 0.0) > 0]  # fmt: skip
+            if not need:
+                continue
+            give = min(workers - request.min_workers, max(need))
+            targets.append((job_id, workers - give))
+            for k in list(lacking):
+                lacking[k] -= give * request.per_worker.get(k, 0.0)
+                if lacking[k] <= _EPS:
+                    del lacking[k]
+            if not lacking:
+                break
+        if lacking:
+            return  # not enough even from all of them: shrinking would only slow them down
+        for job_id, target in targets:
+            request, _ = self._shapes[job_id]
+            self._write_grant(job_id, request, target)
+            self._shrinking[job_id] = target
+            self.store.update(job_id, "shrink", {"workers": target, "for_job": waiting.job_id})
 
     def _grow(self, reserved: set[str]) -> None:
         """Running elastic jobs below their maximum take free resources that no waiting job lacks:
         their grant file grows, and the core resizes the group at its next checkpoint (it re-reads
-        the file at every sizing decision). The core never shrinks a running group, so neither does
-        the server: a grant only grows."""
+        the file at every sizing decision). Growing only into what no waiting job lacks is what keeps
+        grow and :meth:`_shrink` from ping-ponging; a job being shrunk does not grow."""
         free = free_resources(self.capacity, self._grants.values())
         for job_id in sorted(self._shapes):
             request, workers = self._shapes[job_id]
             kinds = {k for k, v in request.per_worker.items() if v > 0}
-            if workers >= request.upper_workers or kinds & reserved:
+            if workers >= request.upper_workers or kinds & reserved or job_id in self._shrinking:
                 continue
             extra = 0
             while workers + extra < request.upper_workers and all(
@@ -479,12 +603,7 @@ class JobService:
             # connection): the job joins the same cluster, and "auto" picks the Ray executor.
             env["RAY_ADDRESS"] = ray_mod.get_runtime_context().gcs_address
         try:
-            with open(os.path.join(job_dir, OUTPUT_FILE), "ab") as out:
-                popen = subprocess.Popen(
-                    [sys.executable, "-m", "trainforge.server._runner", job_dir],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                    cwd=job_dir, start_new_session=True,
-                )  # fmt: skip
+            popen = self._spawn_runner(job_dir, env)
         except OSError as exc:
             self._release(job_id)
             self.store.update(
@@ -501,9 +620,31 @@ class JobService:
         self.store.update(job_id, "running", {"pid": popen.pid}, state=st.RUNNING, pid=popen.pid, pid_start_time=start_time)
         threading.Thread(target=self._wait_child, args=(runner,), daemon=True, name=f"tf-job{job_id}").start()
 
+    def _spawn_runner(self, job_dir: str, env: dict[str, str]) -> subprocess.Popen[bytes] | zygote.ZygoteChild:
+        """The job's runner, in its own session, output to the job's log: forked from the warm zygote
+        when it serves (its workers then are too), else a fresh ``python -m trainforge.server._runner``."""
+        with open(os.path.join(job_dir, OUTPUT_FILE), "ab") as out:
+            path = self._zygote_path
+            if path is not None and self._zygote is not None and self._zygote.poll() is None:
+                request = zygote.SpawnRequest(
+                    target="trainforge.server._runner:main", args=[job_dir], env={**env, zygote.ENV_ZYGOTE: path},
+                    cwd=job_dir, fds={1: 0, 2: 0}, new_session=True, mark=(constants.ENV_JOB_ID, ENV_SERVER_ID),
+                )  # fmt: skip
+                try:
+                    return zygote.spawn(path, request, [out.fileno()])
+                except zygote.ZygoteUnavailable as exc:
+                    logger.warning("%s: starting the job's runner fresh", exc)
+            return subprocess.Popen(
+                [sys.executable, "-m", "trainforge.server._runner", job_dir],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                cwd=job_dir, start_new_session=True,
+            )  # fmt: skip
+
     def _release(self, job_id: int) -> None:
         self._grants.pop(job_id, None)
         self._shapes.pop(job_id, None)
+        self._shrinking.pop(job_id, None)
+        self._world.pop(job_id, None)
         for gpu in [g for g, j in self._gpu_owner.items() if j == job_id]:
             del self._gpu_owner[gpu]
 
@@ -590,16 +731,23 @@ class JobService:
 
     def _tail_loop(self) -> None:
         while not self._closing.wait(_TAIL_INTERVAL_S):
-            for job_id in list(self._runners):
-                try:
-                    self._ingest(job_id)
-                except Exception:  # a bad line or a vanished file must not stop the others
-                    logger.exception("reading job %s's events", job_id)
+            self._tail_once()
 
-    def _ingest(self, job_id: int) -> None:
+    def _tail_once(self) -> None:
+        """One pass of the tailer over the running jobs' event files."""
+        for job_id in list(self._runners):
+            try:
+                sized = self._ingest(job_id)
+                self._resized(job_id, sized)  # after the ingest lock is released: it takes self._lock
+            except Exception:  # a bad line or a vanished file must not stop the others
+                logger.exception("reading job %s's events", job_id)
+
+    def _ingest(self, job_id: int) -> _Sized:
         """Read the job's new events (complete lines past the stored offset) into the store: the
         lifecycle ones as events, the reports as the job's latest metrics; the new offset in the same
-        transaction, so nothing is recorded twice after a server restart."""
+        transaction, so nothing is recorded twice after a server restart. Returns what they show of
+        the job's group size (a report's ranks, a resize's workers), for :meth:`_resized`."""
+        sized = _Sized()
         lock = self._ingest_locks.setdefault(job_id, threading.Lock())
         with lock:
             path = os.path.join(self.job_dir(job_id), EVENTS_FILE)
@@ -611,10 +759,10 @@ class JobService:
                     f.seek(offset)
                     data = f.read()
             except FileNotFoundError:
-                return
+                return sized
             end = data.rfind(b"\n")
             if end < 0:
-                return
+                return sized
             changes: list[tuple[int, str | None, dict[str, Any] | None, dict[str, Any]]] = []
             fields: dict[str, Any] = {}
             reports = 0
@@ -627,11 +775,18 @@ class JobService:
                 if kind == "report":
                     reports += 1
                     fields["last_metrics"] = event.get("metrics")
+                    sized.world, sized.news = len(event.get("all_metrics") or ()) or None, True
                 elif kind == "run_start":
                     changes.append((job_id, "run_start", {"run_path": event.get("run_path")}, {"run_path": event.get("run_path")}))
+                    sized.world, sized.news = None, True
                 elif kind in ("restart", "run_end"):
                     payload = {k: v for k, v in event.items() if k not in ("type", "metrics")}
                     changes.append((job_id, kind, payload, {}))
+                    if kind == "restart":
+                        workers = event.get("workers")  # set on an elastic resize (job_events)
+                        if isinstance(workers, int):
+                            sized.resized = workers
+                        sized.world, sized.news = (workers if isinstance(workers, int) else None), True
             new_offset = offset + end + 1
             if reports:
                 job = self.get(job_id)
@@ -640,3 +795,45 @@ class JobService:
             changes.append((job_id, None, None, fields))
             self.store.update_many(changes)
             self._offsets[job_id] = new_offset
+        return sized
+
+    def _resized(self, job_id: int, sized: _Sized) -> None:
+        """After :meth:`_ingest` (and outside its lock: this takes ``self._lock``), what the job's
+        new events show of its group size. Its grant here shrinks, and the resources it gave back go
+        to the waiting jobs at once, when it resized to fewer workers than it holds (the shrink
+        :meth:`_shrink` asked for; after a server restart ``_shrinking`` is empty, but the grant file
+        it resized to still said the smaller size), or when it was asked to shrink to a size it
+        already runs within (a grow it had not applied yet). A grow resize needs nothing: its grant
+        grew first. Recorded as a ``shrunk`` event."""
+        with self._lock:
+            shape = self._shapes.get(job_id)
+            if shape is None or self._closing.is_set():
+                return
+            if sized.news:
+                if sized.world is None:
+                    self._world.pop(job_id, None)
+                else:
+                    self._world[job_id] = sized.world
+            request, granted = shape
+            target = self._shrinking.get(job_id)
+            if sized.resized is not None and sized.resized < granted:
+                workers = sized.resized
+            elif target is not None and self._world.get(job_id, granted) <= target:
+                workers = target
+            else:
+                return
+            if target is not None and workers <= target:
+                del self._shrinking[job_id]
+            grant = request.request(workers)
+            self._shapes[job_id] = (request, workers)
+            self._grants[job_id] = grant
+            fields: dict[str, Any] = {"workers": workers, "grant": grant}
+            keep = int(round(grant.get("GPU", 0.0)))
+            gpu_ids = [g for g, owner in self._gpu_owner.items() if owner == job_id]
+            if len(gpu_ids) > keep:  # its workers use the first of its CUDA_VISIBLE_DEVICES: free the rest
+                ordered = [g for g in self.get(job_id).gpu_ids or [] if g in gpu_ids]
+                for gpu in ordered[keep:]:
+                    del self._gpu_owner[gpu]
+                fields["gpu_ids"] = ordered[:keep]
+            self.store.update(job_id, "shrunk", {"workers": workers, "grant": grant}, **fields)
+            self._schedule()

@@ -17,6 +17,7 @@ for it, so nothing outlives the run.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from trainforge._internal import constants
+from trainforge._internal import constants, zygote
 from trainforge._internal.exceptions import WorkerStartError
 from trainforge._internal.log_streaming import LogStreamer
 from trainforge._internal.worker_group import report_ring
@@ -42,6 +43,9 @@ from trainforge._internal.worker_main import (
     ENV_STACK_FILE,
     ENV_WORKER_KEY,
 )
+from trainforge._internal.zygote import ENV_ZYGOTE, ZygoteChild
+
+logger = logging.getLogger("trainforge")
 
 
 def kill_process_groups(pids: list[int], sig: int) -> None:
@@ -60,7 +64,7 @@ class WorkerProcess(WorkerHandle):
     ``rank_{rank}.stack`` once it has one, and :meth:`remove_stack_file_if_empty` removes it at the
     end unless a stack was dumped into it."""
 
-    def __init__(self, proc: subprocess.Popen, stack_file: str, preload: tuple[str, ...], key: str):
+    def __init__(self, proc: subprocess.Popen | ZygoteChild, stack_file: str, preload: tuple[str, ...], key: str):
         super().__init__()
         self.proc = proc
         self.stack_file = stack_file
@@ -109,6 +113,7 @@ class LocalProcessPool:
         self._standby: list[WorkerProcess] = []
         self._closed = False
         self._seq = 0
+        self._zygote_failed = False
         self._all_pids: list[int] = []
         self._reapers: list[threading.Thread] = []
         self._finalizer = weakref.finalize(self, kill_process_groups, self._all_pids, signal.SIGKILL)
@@ -138,19 +143,38 @@ class LocalProcessPool:
         ring_fd = report_ring.create_ring_fd() if report_ring.available() else None
         if ring_fd is not None:
             env[ENV_REPORT_RING_FD] = str(ring_fd)
+        # Expected before the process exists: a worker forked from a zygote says hello within milliseconds.
+        hello: dict[str, Any] = {}
+
+        def on_hello(conn: Connection, info: dict[str, Any]) -> None:  # under the listener's lock
+            w = hello.get("worker")
+            if w is None:
+                hello["conn"] = conn
+            else:
+                w.conn = conn
+
+        self._listener.expect(key, on_hello)
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", "trainforge._internal.worker_main"],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # Ctrl-C in a terminal reaches the driver only; it stops us
-                pass_fds=(ring_fd,) if ring_fd is not None else (),
+            use_zygote = env.get(ENV_ZYGOTE) and not self._zygote_failed
+            proc: subprocess.Popen[bytes] | ZygoteChild | None = (
+                self._fork_from_zygote(env, ring_fd, preload) if use_zygote else None
             )
+            if proc is None:
+                proc = subprocess.Popen(
+                    [sys.executable, "-u", "-m", "trainforge._internal.worker_main"],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # Ctrl-C in a terminal reaches the driver only; it stops us
+                    pass_fds=(ring_fd,) if ring_fd is not None else (),
+                )
             w = WorkerProcess(proc, stack_file, preload, key)
             if ring_fd is not None:
                 w.ring = report_ring.RingReader(ring_fd)
+        except BaseException:
+            self._listener.forget(key)
+            raise
         finally:
             if ring_fd is not None:
                 os.close(ring_fd)  # the child has its copy; our mapping stays
@@ -158,12 +182,39 @@ class LocalProcessPool:
             assert pipe is not None
             w.streamers.append(LogStreamer(pipe, target))
 
-        def on_hello(conn: Connection, info: dict[str, Any], w: WorkerProcess = w) -> None:
-            w.conn = conn
-
-        self._listener.expect(key, on_hello)
+        with self._listener.changed:
+            hello["worker"] = w
+            if "conn" in hello:
+                w.conn = hello["conn"]
         self._all_pids.append(proc.pid)
         return w
+
+    def _fork_from_zygote(self, env: dict[str, str], ring_fd: int | None, preload: tuple[str, ...]) -> ZygoteChild | None:
+        """The worker forked by the train server's warm zygote (``$TRAINFORGE_ZYGOTE``, see
+        zygote.py): it has trainforge (and torch, once an earlier job needed it) imported already.
+        None (start a fresh interpreter instead) if the zygote does not answer."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        fds = [out_w, err_w] + ([ring_fd] if ring_fd is not None else [])
+        mapping = {1: 0, 2: 1, **({ring_fd: 2} if ring_fd is not None else {})}
+        request = zygote.SpawnRequest(
+            target="trainforge._internal.worker_main:main", args=[], env=env, cwd=os.getcwd(), fds=mapping,
+            new_session=True, mark=(constants.ENV_JOB_ID, constants.ENV_SERVER_ID), watch_pid=os.getpid(),
+            preload=preload,
+        )  # fmt: skip
+        try:
+            child = zygote.spawn(env[ENV_ZYGOTE], request, fds)
+        except zygote.ZygoteUnavailable as exc:
+            logger.warning("%s; starting this run's workers as fresh processes", exc)
+            self._zygote_failed = True
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            return None
+        os.close(out_w)  # the worker has its copies
+        os.close(err_w)
+        child.stdout = open(out_r, "rb")  # noqa: SIM115 - read by the worker's LogStreamer until EOF
+        child.stderr = open(err_r, "rb")  # noqa: SIM115
+        return child
 
     def acquire(self, n: int, preload: tuple[str, ...]) -> list[WorkerProcess]:
         """``n`` processes: live standby ones first, fresh ones for the rest."""
