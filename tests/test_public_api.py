@@ -87,6 +87,23 @@ def test_import_is_light():
     assert "HEAVY=\n" in proc.stdout, proc.stdout
 
 
+def test_the_server_client_uses_only_the_standard_library_for_http():
+    """A fresh process that talks to a train server (a CLI command, ``submit()``) imports no HTTP
+    library: httpx alone would cost ~0.1 s of every submission."""
+    code = (
+        "import sys\n"
+        "from trainforge.server import Client\n"
+        "from trainforge.server._client import _Http\n"
+        "_Http('http://127.0.0.1:1/api/v1', {}, 1.0)\n"
+        "import trainforge.server._cli\n"
+        "print('HEAVY=' + ','.join(m for m in ('httpx', 'httpcore', 'fastapi', 'uvicorn', 'pydantic') "
+        "if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY=\n" in proc.stdout, proc.stdout
+
+
 def test_import_sets_no_environment_and_only_a_null_logging_handler():
     """Only a NullHandler on the library's logger, so Python's last-resort handler does not print its
     warnings bare (fit() shows them as console lines)."""

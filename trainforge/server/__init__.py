@@ -12,8 +12,8 @@ with an HTTP API (``/api/v1``), the ``trainforge`` CLI and this Python client.
     client = tfs.Client()                # or Client("http://host:8270")
     for status in client.jobs(): ...
 
-Needs the ``[server]`` extra (FastAPI, uvicorn, httpx). Submitting a job runs code as the server's
-user: the server binds 127.0.0.1 and requires its token (``<state-dir>/token``, mode 0600) on every
+Needs the ``[server]`` extra (FastAPI, uvicorn) to serve; the client needs only the standard
+library. Submitting a job runs code as the server's user: the server binds 127.0.0.1 and requires its token (``<state-dir>/token``, mode 0600) on every
 request. See the README's "Train server" section for the scheduling rule and the job states.
 """
 

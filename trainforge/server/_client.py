@@ -14,13 +14,17 @@ server restarts, so a client waiting on a job sees every report even across a se
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
+import http.client
+import json as _json
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -28,8 +32,6 @@ from typing import TYPE_CHECKING, Any
 from trainforge.server._config import DEFAULT_PORT, ENV_ADDRESS, ENV_STATE_DIR, ENV_TOKEN, default_state_dir
 
 if TYPE_CHECKING:
-    import httpx
-
     from trainforge._internal.result import Result, TrainingReport
 
 API_PREFIX = "/api/v1"
@@ -150,10 +152,68 @@ def _ray_published() -> tuple[str, str | None] | None:
     if not value:
         return None
     try:
-        entry = json.loads(value)
+        entry = _json.loads(value)
         return str(entry["url"]), entry.get("state_dir")
     except (ValueError, KeyError, TypeError):
         return value.decode(), None  # a bare URL
+
+
+class _Http:
+    """HTTP/1.1 to the server with the standard library (``http.client``): a fresh connection per
+    request (loopback connects in microseconds; nothing kept alive goes stale, nothing is shared
+    between threads), and importing nothing heavier, so a fresh ``trainforge`` command or a
+    ``submit()`` from a new process pays no HTTP library import (httpx costs ~0.1 s)."""
+
+    def __init__(self, base_url: str, headers: dict[str, str], timeout: float):
+        url = urllib.parse.urlsplit(base_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"train server address {base_url!r}: give an http:// or https:// URL")
+        self._https = url.scheme == "https"
+        self._host, self._port = url.hostname, url.port or (443 if self._https else 80)
+        self._prefix = url.path.rstrip("/")
+        self._headers = headers
+        self._timeout = timeout
+
+    def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        conn = cls(self._host, self._port, timeout=timeout)
+        conn.connect()
+        assert conn.sock is not None
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+    def _target(self, path: str, params: dict[str, Any] | None) -> str:
+        query = urllib.parse.urlencode({k: v for k, v in (params or {}).items() if v is not None}, doseq=True)
+        return self._prefix + path + (f"?{query}" if query else "")
+
+    def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+                body: Any = None) -> tuple[int, str, bytes]:  # fmt: skip
+        headers = {**self._headers, "Connection": "close"}
+        data = None
+        if body is not None:
+            data = _json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        conn = self._connect(self._timeout)
+        try:
+            conn.request(method, self._target(path, params), body=data, headers=headers)
+            response = conn.getresponse()
+            return response.status, response.getheader("content-type", ""), response.read()
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def open_stream(self, path: str, *, params: dict[str, Any] | None = None,
+                    headers: dict[str, str] | None = None) -> Iterator[http.client.HTTPResponse]:  # fmt: skip
+        """A GET whose response is read as it comes (no read timeout once connected)."""
+        conn = self._connect(10.0)
+        try:
+            conn.request("GET", self._target(path, params),
+                         headers={**self._headers, **(headers or {}), "Accept": "text/event-stream"})  # fmt: skip
+            assert conn.sock is not None
+            conn.sock.settimeout(None)
+            yield conn.getresponse()
+        finally:
+            conn.close()
 
 
 class Client:
@@ -166,21 +226,12 @@ class Client:
 
     def __init__(self, address: str | None = None, *, token: str | None = None, state_dir: str | None = None,
                  timeout: float = 60.0):  # fmt: skip
-        import httpx
-
         self.address, token = discover(address, token, state_dir)
         self.state_dir = state_dir
-        self._http = httpx.Client(
-            base_url=self.address + API_PREFIX,
-            headers={"Authorization": f"Bearer {token}"} if token else {},
-            timeout=httpx.Timeout(timeout, connect=10.0),
-            # Plain HTTP has no certificate to check: skip building a TLS context (loading the CA
-            # bundle costs a fresh process ~0.1 s, most of a submission).
-            verify=not self.address.startswith("http://"),
-        )
+        self._http = _Http(self.address + API_PREFIX, {"Authorization": f"Bearer {token}"} if token else {}, timeout)
 
     def close(self) -> None:
-        self._http.close()
+        """Nothing stays open between requests (each has its own connection); kept for ``with``."""
 
     def __enter__(self) -> Client:
         return self
@@ -189,45 +240,45 @@ class Client:
         self.close()
 
     # -- plumbing ---------------------------------------------------------------------------------
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        import httpx
-
+    def request(self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None) -> Any:
+        """One API call: the decoded JSON reply (raw bytes for a non-JSON one); the server's 4xx/5xx
+        as :class:`ServerError` subclasses; ServerNotFoundError if nothing answers."""
         try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
+            status, content_type, body = self._http.request(method, path, params=params, body=json)
+        except (OSError, http.client.HTTPException) as exc:
             raise ServerNotFoundError(
                 f"no train server answers at {self.address} ({exc}): is it running? (`trainforge server status`)"
             ) from exc
-        if response.status_code >= 400:
-            self._raise_for(response)
-        if response.headers.get("content-type", "").startswith("application/json"):
-            return response.json()
-        return response.content
+        if status >= 400:
+            self._raise_for(status, body)
+        if content_type.startswith("application/json"):
+            return _json.loads(body)
+        return body
 
     def stream(self, path: str, *, params: dict[str, Any] | None = None, last_id: str | None = None,
                reconnect_s: float = _RECONNECT_S) -> Iterator[tuple[str, str | None, Any]]:  # fmt: skip
         """Server-sent events as ``(event, id, data)``; reconnects with ``Last-Event-ID`` for up to
         ``reconnect_s`` when the connection drops (a server restart), then raises."""
-        import httpx
-
         lost_at: float | None = None
         while True:
             headers = {"Last-Event-ID": last_id} if last_id is not None else {}
             try:
-                with self._http.stream("GET", path, params=params, headers=headers,
-                                       timeout=httpx.Timeout(None, connect=10.0)) as response:  # fmt: skip
-                    if response.status_code >= 400:
-                        response.read()
-                        self._raise_for(response)
+                with self._http.open_stream(path, params=params, headers=headers) as response:
+                    if response.status >= 400:
+                        self._raise_for(response.status, response.read())
                     lost_at = None
                     event, ident = "message", None
                     data: list[str] = []
-                    for line in response.iter_lines():
+                    while True:
+                        raw = response.readline()
+                        if not raw:
+                            break
+                        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
                         if not line:
                             if data:
                                 if ident is not None:
                                     last_id = ident
-                                yield event, ident, json.loads("\n".join(data))
+                                yield event, ident, _json.loads("\n".join(data))
                             event, data, ident = "message", [], None
                             continue
                         field, _, value = line.partition(":")
@@ -239,7 +290,7 @@ class Client:
                         elif field == "id":
                             ident = value
                     return
-            except (httpx.TransportError, httpx.RemoteProtocolError) as exc:
+            except (OSError, http.client.HTTPException) as exc:
                 now = time.monotonic()
                 lost_at = lost_at or now
                 if now - lost_at > reconnect_s:
@@ -247,16 +298,16 @@ class Client:
                 time.sleep(0.2)  # back off before reconnecting (the server may be restarting)
 
     @staticmethod
-    def _raise_for(response: httpx.Response) -> None:
+    def _raise_for(status: int, body: bytes) -> None:
         """The server's 4xx/5xx as our exception, with its reason (a schema error names the fields)."""
         try:
-            detail = response.json().get("detail")
-        except ValueError:
-            detail = response.text
+            detail = _json.loads(body).get("detail")
+        except (ValueError, AttributeError):
+            detail = body.decode("utf-8", errors="replace")
         if isinstance(detail, list):
             detail = "; ".join(f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail)
-        cls = {404: JobNotFoundError, 409: JobConflictError, 422: InvalidJobError}.get(response.status_code, ServerError)
-        raise cls(response.status_code, str(detail))
+        cls = {404: JobNotFoundError, 409: JobConflictError, 422: InvalidJobError}.get(status, ServerError)
+        raise cls(status, str(detail))
 
     # -- API --------------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
