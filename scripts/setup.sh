@@ -4,7 +4,10 @@
 #   bash scripts/setup.sh quickstart  torch, the package and scikit-learn (requirements-quickstart.txt):
 #                                     what scripts/digits.sh and the examples need
 #   bash scripts/setup.sh [dev]       the pinned dev set (requirements-dev.txt): + Ray, moto, s3fs,
-#                                     pytest, ruff, mypy; what scripts/test.sh (and CI) need
+#                                     pytest, ruff, mypy, Playwright; what scripts/test.sh (and CI) need.
+#                                     Also Debian's chromium (/usr/bin/chromium, which the browser tests
+#                                     launch: Playwright's own browser download is never used), with
+#                                     apt-get when run as root; checked on every run, stamp or not.
 # Each profile has a stamp in .venv (.trainforge-quickstart, .trainforge-installed for dev) holding a
 # hash of its requirements and pyproject.toml. dev includes quickstart: after test.sh, digits.sh
 # installs nothing; after digits.sh, test.sh installs only the rest.
@@ -18,7 +21,22 @@ case "$profile" in
 esac
 digest() { cat "$1" pyproject.toml | sha256sum | cut -d' ' -f1; }
 installed() { [ -f "$2" ] && [ "$(cat "$2")" = "$(digest "$1")" ]; }  # installed REQUIREMENTS STAMP
+ensure_chromium() {
+  [ -x /usr/bin/chromium ] && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing Debian's chromium with apt-get (the browser tests launch /usr/bin/chromium)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "setup: /usr/bin/chromium is missing; the browser tests launch Debian's Chromium. On Debian, run:" >&2
+    echo "  sudo apt-get update && sudo apt-get install -y chromium" >&2
+    exit 1
+  fi
+}
 PYTHON="${PYTHON:-python3}"
+if [ "$profile" = dev ]; then
+  ensure_chromium
+fi
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($PYTHON --version)"
   "$PYTHON" -m venv .venv

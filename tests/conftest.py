@@ -3,8 +3,12 @@
 ``executor`` runs a test once per executor ("local" processes, "ray" actors): the shared behaviour
 suite. The Ray side uses one Ray instance (4 CPUs, no dashboard, every process bound to 127.0.0.1),
 started before the test's process snapshot. Tests that use Ray run after all the others (so that no
-other test sees a Ray connection, which makes ``executor="auto"`` choose Ray), and the multi-node
-tests (test_ray_cluster.py, a ``ray.cluster_utils.Cluster``) run last.
+other test sees a Ray connection, which makes ``executor="auto"`` choose Ray), then the multi-node
+tests (test_ray_cluster.py, a ``ray.cluster_utils.Cluster``).
+
+``chromium`` (session) and ``page`` drive Debian's headless Chromium through Playwright (browser.py).
+Tests that use them run last of all: Playwright's sync API leaves an asyncio loop running in the main
+thread from the browser's start to the session's end, and ``asyncio.run()`` refuses to run then.
 """
 
 from __future__ import annotations
@@ -77,11 +81,16 @@ def _uses_ray(item: pytest.Item) -> bool:
     return bool({"ray_single", "ray_harness", "cluster"} & set(getattr(item, "fixturenames", ())))
 
 
+def _uses_browser(item: pytest.Item) -> bool:
+    return "chromium" in getattr(item, "fixturenames", ())  # ``page`` uses it too
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    cluster = [i for i in items if "cluster" in getattr(i, "fixturenames", ())]
-    ray_tests = [i for i in items if _uses_ray(i) and i not in cluster]
-    others = [i for i in items if not _uses_ray(i)]
-    items[:] = others + ray_tests + cluster
+    browser = [i for i in items if _uses_browser(i)]
+    cluster = [i for i in items if "cluster" in getattr(i, "fixturenames", ()) and i not in browser]
+    ray_tests = [i for i in items if _uses_ray(i) and i not in cluster and i not in browser]
+    others = [i for i in items if not _uses_ray(i) and i not in browser]
+    items[:] = others + ray_tests + cluster + browser
 
 
 @pytest.fixture(scope="session")
@@ -140,14 +149,39 @@ def _describe(p: psutil.Process) -> tuple:
         return (p.pid, "gone")
 
 
+@pytest.fixture(scope="session")
+def _session_process_roots() -> set[int]:
+    """Pids of the process trees that session fixtures keep for the whole run (the ``chromium``
+    fixture's Playwright driver); ``_no_leftover_processes`` ignores them and all their descendants."""
+    return set()
+
+
+def _trees(roots: set[int]) -> set[int]:
+    """The pids of ``roots`` and of all their descendants still there."""
+    pids = set()
+    for pid in roots:
+        try:
+            pids |= {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
+        except psutil.NoSuchProcess:
+            pass
+    return pids
+
+
 @pytest.fixture(autouse=True)
-def _no_leftover_processes():
-    """Fail any test that leaves a child process (a worker, or a worker's child, or a Ray actor) behind."""
+def _no_leftover_processes(_session_process_roots):
+    """Fail any test that leaves a child process (a worker, or a worker's child, or a Ray actor) behind.
+
+    The session browser's processes are not a test's: pytest sets session fixtures up before this
+    snapshot, but Chromium starts renderers as pages open and reaps them (or keeps a spare) when it
+    likes, so no snapshot tells them apart; the tree under a session root (its Playwright driver) does.
+    """
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
     leftover = [
         p for p in psutil.Process().children(recursive=True) if p.pid not in before and not _ray_system_process(p)
     ]
+    owned = _trees(_session_process_roots)  # listed after: a process seen above is still in its tree
+    leftover = [p for p in leftover if p.pid not in owned]
     if not leftover:
         return
     gone, alive = psutil.wait_procs(leftover, timeout=5)
@@ -173,3 +207,39 @@ def train_server(tmp_path, monkeypatch):
     left = server.cleanup()
     assert not left, f"job processes left behind: {left}"
     assert "Traceback" not in server.output, server.output  # no request ever failed inside the server
+
+
+@pytest.fixture(scope="session")
+def chromium(_session_process_roots):
+    """Debian's headless Chromium, driven by Playwright's sync API, for the whole session: a
+    ``playwright.sync_api.Browser`` (see browser.py). Errors with the fix, never skips, when Playwright
+    or /usr/bin/chromium is missing. From its start on, the main thread has a running asyncio loop
+    (Playwright's) and ``asyncio.run()`` fails: tests that use it run after all others, and must not
+    call ``asyncio.run()`` themselves (drive the server in a subprocess, e.g. ``train_server``)."""
+    from browser import BrowserSession
+
+    session = BrowserSession.start()
+    _session_process_roots.add(session.driver_pid)
+    yield session.browser
+    _session_process_roots.discard(session.driver_pid)
+    session.stop()
+
+
+@pytest.fixture
+def page_errors():
+    """The ``page`` fixture's record of the page's errors: ``page_errors.allow("status of 401")`` lets a
+    test expect one (see browser.PageErrors)."""
+    from browser import PageErrors
+
+    return PageErrors()
+
+
+@pytest.fixture
+def page(chromium, page_errors):
+    """A fresh page (its own context) in the session's Chromium; fails the test at teardown if the page
+    logged a ``console.error`` (a failed load included), threw an uncaught exception or crashed, listing
+    them, unless the test allowed them with ``page_errors.allow(regex)``."""
+    from browser import open_page
+
+    with open_page(chromium, page_errors) as page:
+        yield page
