@@ -23,6 +23,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qs
 
 from fastapi import Body, FastAPI, Header, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -248,6 +249,18 @@ class _Guard:
             if _hostname(origin.split("://", 1)[-1]) not in self.allowed_hosts:
                 await _deny(send, 403, f"cross-origin request from {origin!r} refused")
                 return
+        path = scope.get("path", "")
+        if scope["method"] == "GET" and not path.startswith(API_PREFIX + "/") and b"token=" in scope.get("query_string", b""):
+            # The dashboard's entry (the URL `trainforge dashboard` prints): the token becomes a cookie.
+            query = parse_qs(scope["query_string"].decode("latin-1"))
+            given = (query.get("token") or [""])[0]
+            if hmac.compare_digest(given.encode(), self.token):
+                cookie = f"{TOKEN_COOKIE}={given}; HttpOnly; SameSite=Strict; Path=/"
+                await send({"type": "http.response.start", "status": 303,
+                            "headers": [(b"location", (path or "/").encode()), (b"set-cookie", cookie.encode()),
+                                        (b"content-length", b"0")]})  # fmt: skip
+                await send({"type": "http.response.body", "body": b""})
+                return
         supplied = ""
         auth = headers.get("authorization", "")
         if auth.lower().startswith("bearer "):
@@ -258,12 +271,43 @@ class _Guard:
                 if name == TOKEN_COOKIE:
                     supplied = value
         if not hmac.compare_digest(supplied.encode(), self.token):
+            if not path.startswith(API_PREFIX + "/"):
+                await _deny_page(send)
+                return
             await _deny(
                 send, 401, "missing or wrong token: send 'Authorization: Bearer <token>' with the token from the "
                 "server's state directory (<state-dir>/token; the CLI and Python client read it themselves)",
             )  # fmt: skip
             return
-        await self.app(scope, receive, send)
+        if path.startswith(API_PREFIX + "/"):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_policy(message: dict) -> None:  # the dashboard's pages and files
+            if message["type"] == "http.response.start":
+                names = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [(b"x-content-type-options", b"nosniff")]
+                if b"content-security-policy" not in names:
+                    extra.append((b"content-security-policy", _PAGE_CSP))
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_policy)
+
+
+_PAGE_CSP = b"default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+
+
+async def _deny_page(send: Any) -> None:
+    body = (
+        b"<!doctype html><meta charset=utf-8><title>trainforge: token needed</title>"
+        b"<h1>This train server needs its token</h1><p>Open the URL that <code>trainforge dashboard</code> prints "
+        b"(it carries the token from the server's state directory, <code>&lt;state-dir&gt;/token</code>).</p>"
+    )
+    await send({"type": "http.response.start", "status": 401,
+                "headers": [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(body)).encode()),
+                            (b"content-security-policy", _PAGE_CSP)]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
 
 
 def _hostname(hostport: str) -> str:
@@ -677,4 +721,7 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
     def version() -> dict[str, str]:
         return {"version": trainforge.__version__}
 
+    from trainforge.server import _dashboard
+
+    _dashboard.mount(app, service, job_out)
     return _Guard(app, token, allowed_hosts), app

@@ -110,6 +110,9 @@ def add_commands(sub: Any) -> None:
     _address(res)
     _json(res)
     res.set_defaults(func=_resources)
+    dash = sub.add_parser("dashboard", help="print the dashboard's URL (with the token that opens it)")
+    _address(dash)
+    dash.set_defaults(func=_dashboard)
 
 
 def _state_dir(p: Any) -> None:
@@ -413,6 +416,16 @@ def _queue(args: Any) -> int:
         pos = e["pending"]["position"]
         print(f"{pos if pos is not None else '-':>4}  {e['job_id']:>5}  {e['priority']:>4}  {e['name'][:24]:<24} "
               f"{e['pending']['text']}")  # fmt: skip
+    return 0
+
+
+def _dashboard(args: Any) -> int:
+    """The URL that opens the dashboard: the server's, with its token (which the page turns into a
+    cookie). Anyone with it can run code as the server's user: do not paste it anywhere public."""
+    from trainforge.server._client import discover
+
+    url, token = discover(args.address, None, args.state_dir)
+    print(f"{url}/?token={token}" if token else f"{url}/")
     return 0
 
 

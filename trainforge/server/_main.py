@@ -215,6 +215,7 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
         )
     announce(f"trainforge server: token in {os.path.join(config.state_dir, TOKEN_FILE)}, state in {config.state_dir}")
     announce(f"trainforge server: {where}: {kinds}")
+    announce(f"trainforge server: dashboard at {url}/ (`trainforge dashboard` prints its URL with the token)")
     announce(f"trainforge server: serving {url} (pid {os.getpid()})")  # the last line: clients may connect
     sys.stdout.flush()
     # uvicorn re-raises SIGTERM/SIGINT once it has shut down; let that end this function through its

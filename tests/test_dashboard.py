@@ -1,0 +1,142 @@
+"""The dashboard in a real browser (Debian's Chromium through Playwright) against a real train server
+with real jobs. The ``page`` fixture fails a test on any console error or uncaught page error.
+
+Waits are on what the page shows (Playwright's auto-waiting selectors, with timeouts), never on a
+sleep. How fast a report reaches its chart is measured by the benchmark, not asserted here.
+Screenshots of every page go to ``$TRAINFORGE_SCREENSHOTS`` when it is set (the README's come from a
+run with it), else to the test's temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import trainforge
+from trainforge import DataParallelTrainer, RunConfig, ScalingConfig
+
+pytestmark = pytest.mark.slow
+
+
+def _dashboard_url(server) -> str:
+    out = subprocess.run([sys.executable, "-m", "trainforge._internal.cli", "dashboard", "--state-dir", server.state_dir],
+                         capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    return out.stdout.strip()
+
+
+def _shot(page, tmp_path, name: str, full_page: bool = False) -> None:
+    where = os.environ.get("TRAINFORGE_SCREENSHOTS") or str(tmp_path)
+    os.makedirs(where, exist_ok=True)
+    page.screenshot(path=os.path.join(where, f"{name}.png"), full_page=full_page)
+
+
+def _gated(config):
+    """Reports step i once file ``gate_i`` exists (``steps`` steps), with ``extra`` metrics."""
+    for step in range(config["steps"]):
+        gate = os.path.join(config["gates"], f"gate_{step}")
+        while config.get("gates") and not os.path.exists(gate):
+            time.sleep(0.01)
+        metrics = {"step": step, "loss": 1.0 / (step + 1), "val_loss": 1.2 / (step + 1)}
+        metrics.update(config.get("extra", {}))
+        trainforge.report(metrics)
+
+
+def _fails_on_rank_1(config):
+    trainforge.report({"step": 0})
+    if trainforge.get_context().get_world_rank() == 1:
+        raise ValueError("rank one broke on purpose")
+
+
+def _trainer(tmp_path, name, loop, workers=2, **config):
+    return DataParallelTrainer(
+        loop, train_loop_config=config, scaling_config=ScalingConfig(num_workers=workers),
+        run_config=RunConfig(name=name, storage_path=str(tmp_path / "runs"), verbose=0),
+    )  # fmt: skip
+
+
+def test_opening_the_printed_url_logs_in_and_an_empty_server_says_so(train_server, page, page_errors, tmp_path):
+    base = train_server.url
+    page_errors.allow(r"status of 401")  # the first visit, without the token, is refused on purpose
+    response = page.goto(base + "/")
+    assert response is not None and response.status == 401  # no token, no page
+    page.goto(_dashboard_url(train_server))
+    assert page.url == base + "/"  # the token became a cookie and left the address bar
+    assert "No jobs yet" in page.locator("#jobs").inner_text()
+    _shot(page, tmp_path, "jobs-empty")
+
+
+def test_a_report_reaches_its_chart_and_stop_from_the_page_ends_every_process(train_server, page, tmp_path):
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    (gates / "gate_0").touch()
+    job = _trainer(tmp_path, "live", _gated, steps=100, gates=str(gates)).submit()
+    page.goto(_dashboard_url(train_server))
+    row = page.locator(f"#job-{job.id}")
+    row.locator(".s-RUNNING").wait_for(timeout=30_000)  # the table follows the job's lifecycle live
+    page.goto(f"{train_server.url}/jobs/{job.id}")
+    loss = page.locator('.chart[data-group="loss"] .last')
+    loss.wait_for(timeout=30_000)
+    assert "val_loss" in loss.inner_text()  # train and validation series share a chart
+    (gates / "gate_1").touch()  # step 1 reports now: its value must reach the chart
+    page.wait_for_function(
+        "() => document.querySelector('.chart[data-group=\"loss\"] .last').textContent.includes('loss: 0.50000')",
+        timeout=10_000,
+    )
+    page.locator("#log").wait_for()
+    _shot(page, tmp_path, "job-detail", full_page=True)
+    assert len(train_server.job_processes(job.id)) >= 3  # the runner and 2 workers
+    page.locator('#actions button[data-act="stop"]').click()
+    page.locator("#state.s-STOPPED").wait_for(timeout=60_000)
+    assert train_server.job_processes(job.id) == []
+    assert job.status().state == "STOPPED"
+
+
+def test_a_failed_job_shows_the_failing_ranks_traceback(train_server, page, tmp_path):
+    job = _trainer(tmp_path, "broken", _fails_on_rank_1).submit()
+    assert job.wait(timeout=120).state == "FAILED"
+    page.goto(_dashboard_url(train_server))
+    page.goto(f"{train_server.url}/jobs/{job.id}")
+    error = page.locator("#error")
+    assert "rank one broke on purpose" in error.inner_text()
+    assert "rank 1" in error.inner_text()
+    page.locator("#events tr").first.wait_for()
+    assert "ended" in page.locator("#events").inner_text()
+    _shot(page, tmp_path, "job-failed")
+
+
+def test_edge_cases_render_nan_metrics_many_keys_a_long_log_and_many_jobs(train_server, page, tmp_path):
+    many = {f"metric_{i:03d}": float(i) for i in range(200)}
+    odd = _trainer(tmp_path, "odd", _gated, workers=1, steps=3, gates="",
+                   extra={"nan": float("nan"), "inf": float("inf"), **many}).submit()  # fmt: skip
+    assert odd.wait(timeout=120).state == "SUCCEEDED"
+    # A 100,000-line log: a script job that prints it.
+    script = tmp_path / "chatty.py"
+    script.write_text("for i in range(100_000):\n    print(f'line {i} ' + 'x' * 40)\n")
+    chatty = odd.client.submit({"kind": "script", "path": str(script), "name": "chatty", "workers": 1})
+    assert chatty.wait(timeout=120).state == "SUCCEEDED"
+    # 1,000 jobs (held, so nothing runs).
+    for i in range(1000):
+        odd.client.submit({"kind": "script", "path": str(script), "name": f"held-{i}", "hold": True})
+    page.goto(_dashboard_url(train_server))
+    assert page.locator("#jobs tr").count() == 50  # a page of the newest, and a link to older ones
+    page.locator("a.more").click()
+    page.locator("#jobs tr").first.wait_for()
+    page.goto(f"{train_server.url}/?state=SUCCEEDED")
+    assert page.locator("#jobs tr").count() == 2
+    _shot(page, tmp_path, "jobs")
+    page.goto(f"{train_server.url}/jobs/{odd.id}")
+    page.wait_for_function("() => document.querySelectorAll('.chart').length >= 200", timeout=30_000)
+    page.locator('.chart[data-group="nan"]').wait_for()
+    page.goto(f"{train_server.url}/jobs/{chatty.id}")
+    page.wait_for_function("() => document.getElementById('log').textContent.includes('line 99999')",
+                           timeout=30_000)  # fmt: skip
+    assert "line 0 " not in page.locator("#log").inner_text()  # it opened at the tail
+    page.goto(f"{train_server.url}/queue")
+    assert "held" in page.locator("main").inner_text()
+    _shot(page, tmp_path, "queue")
+    page.goto(f"{train_server.url}/jobs/999999")
+    assert "No job 999999" in page.locator("h1").inner_text()

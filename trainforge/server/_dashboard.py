@@ -1,0 +1,275 @@
+"""The web dashboard the train server serves itself: HTML pages rendered here (the first screen of
+data is in the page, so it paints without waiting for a script), plus one small script
+(``static/dashboard.js``) that keeps them live over the API's server-sent events, and uPlot
+(vendored, MIT) for the charts. No build step, no CDN: it works offline. Every response carries a
+Content-Security-Policy of ``'self'``; the pages use nothing inline.
+
+Pages: ``/`` the jobs (filters, keyset paging, row actions), ``/jobs/{id}`` one job (a live chart per
+metric, logs per rank, events, checkpoints, spec), ``/queue`` the queue and who holds what.
+
+Authentication is the API's: opening ``/?token=...`` (the URL ``trainforge server start`` prints)
+sets an HttpOnly, SameSite=Strict cookie that the pages and their requests then carry (see
+``_app._Guard``).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Query
+from fastapi.responses import HTMLResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from trainforge.server._service import JobService
+
+STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
+)
+PAGE_SIZE = 50
+STATES = ("QUEUED", "HELD", "STARTING", "RUNNING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED", "LOST")
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _ago(t: float | None, now: float) -> str:
+    if not t:
+        return ""
+    d = max(0.0, now - t)
+    if d < 60:
+        return f"{d:.0f}s ago"
+    if d < 3600:
+        return f"{d / 60:.0f}m ago"
+    if d < 86400:
+        return f"{d / 3600:.1f}h ago"
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+def duration(job: dict[str, Any], now: float) -> str:
+    start = job.get("started_at")
+    if not start:
+        return ""
+    end = job.get("ended_at") or now
+    s = max(0.0, end - start)
+    return f"{s:.1f}s" if s < 60 else f"{s / 60:.1f}m" if s < 3600 else f"{s / 3600:.1f}h"
+
+
+def resources(d: dict[str, float] | None) -> str:
+    if not d:
+        return ""
+    parts = []
+    for k, v in sorted(d.items()):
+        if k == "memory":
+            parts.append(f"{v / 2**30:.1f} GiB")
+        else:
+            parts.append(f"{v:g} {k}")
+    return ", ".join(parts)
+
+
+def metrics_text(m: dict[str, Any] | None, limit: int = 4) -> str:
+    if not m:
+        return ""
+    items = []
+    for k, v in list(m.items())[:limit]:
+        items.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
+    return " ".join(items) + (" …" if len(m) > limit else "")
+
+
+def actions(job: dict[str, Any]) -> str:
+    """The buttons a job's state allows; dashboard.js sends them to the API."""
+    state, jid = job["state"], job["id"]
+    out = []
+    if state in ("QUEUED", "HELD", "STARTING", "RUNNING"):
+        out.append(("stop", "Stop"))
+    if state == "QUEUED":
+        out.append(("hold", "Hold"))
+    if state == "HELD":
+        out.append(("release", "Release"))
+    if state in ("FAILED", "STOPPED"):
+        out.append(("retry", "Retry"))
+    if state in ("QUEUED", "HELD"):
+        out.append(("priority", "Priority…"))
+    return "".join(f'<button class="act" data-act="{a}" data-job="{jid}">{label}</button>' for a, label in out)
+
+
+def job_row(job: dict[str, Any], now: float) -> str:
+    """One row of the jobs table (also rendered by dashboard.js from the same JSON: keep in step)."""
+    pending = job.get("pending") or {}
+    used = resources(job.get("grant")) if job.get("grant") else ""
+    req = job.get("request") or {}
+    asked = f"{req.get('workers', 1)}" + (f"-{req['max_workers']}" if req.get("max_workers") else "") + " × " + (
+        resources(req.get("per_worker")) or "0"
+    )
+    return (
+        f'<tr id="job-{job["id"]}" data-state="{_e(job["state"])}">'
+        f'<td><a href="/jobs/{job["id"]}">{job["id"]}</a></td>'
+        f'<td class="name"><a href="/jobs/{job["id"]}">{_e(job["name"])}</a></td>'
+        f'<td><span class="state s-{_e(job["state"])}">{_e(job["state"])}</span></td>'
+        f'<td class="num">{job["priority"]}</td>'
+        f"<td>{_e(asked)}</td>"
+        f"<td>{_e(used)}{' · GPU ' + _e(','.join(job['gpu_ids'])) if job.get('gpu_ids') else ''}</td>"
+        f'<td class="reason">{_e(pending.get("text") or job.get("error") or "")}</td>'
+        f'<td title="{_e(job["submitted_at"])}">{_ago(job["submitted_at"], now)}</td>'
+        f"<td>{duration(job, now)}</td>"
+        f'<td class="metrics">{_e(metrics_text(job.get("last_metrics")))}</td>'
+        f'<td class="actions">{actions(job)}</td></tr>'
+    )
+
+
+def page(title: str, body: str, *, kind: str, data: dict[str, Any] | None = None) -> HTMLResponse:
+    """A page: the shared header, ``body``, the page's data for the script (a JSON attribute)."""
+    payload = _e(json.dumps(data or {}, allow_nan=False, default=str))
+    nav = "".join(
+        f'<a href="{href}"{" class=here" if kind == k else ""}>{label}</a>'
+        for k, href, label in (("jobs", "/", "Jobs"), ("queue", "/queue", "Queue &amp; resources"))
+    )
+    text = (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        '<meta name=viewport content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)} · trainforge</title><link rel=icon href=\"data:,\">"
+        '<link rel=stylesheet href="/static/vendor/uplot/uPlot.min.css">'
+        '<link rel=stylesheet href="/static/dashboard.css">'
+        '<script src="/static/vendor/uplot/uPlot.iife.min.js"></script>'
+        '<script type=module src="/static/dashboard.js"></script>'
+        f'</head><body><header><span class=brand>trainforge</span><nav>{nav}</nav><span id=live class=live title="live updates">●</span></header>'
+        f'<main id=page data-kind="{kind}" data-page="{payload}">{body}</main></body></html>'
+    )
+    return HTMLResponse(text, headers={"Content-Security-Policy": CSP, "Cache-Control": "no-store"})
+
+
+def _safe(value: Any) -> Any:
+    """JSON-safe: NaN and infinities as strings (the page's JSON must parse)."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_safe(v) for v in value]
+    return value
+
+
+def mount(app: FastAPI, service: JobService, job_out: Any) -> None:
+    """Add the dashboard's pages and static files to the API's app."""
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def jobs_page(
+        state: list[str] | None = Query(None),  # noqa: B008 - FastAPI's way
+        name: str | None = Query(None, max_length=200),
+        before: int | None = Query(None, ge=0, le=2**62),
+    ) -> Response:
+        states = [s for s in (state or []) if s in STATES] or None
+        rows = service.store.jobs(states, before=before, limit=PAGE_SIZE + 1, name=name or None)
+        more = len(rows) > PAGE_SIZE
+        rows = rows[:PAGE_SIZE]
+        now = time.time()
+        jobs = [_safe(job_out(service, j).model_dump()) for j in rows]
+        checks = "".join(
+            f'<label><input type=checkbox name=state value="{s}"{" checked" if states and s in states else ""}>'
+            f"{s.lower()}</label>"
+            for s in STATES
+        )
+        filters = (
+            f'<form class=filters method=get action="/"><input name=name placeholder="name contains" '
+            f'value="{_e(name or "")}">{checks}<button>Filter</button></form>'
+        )
+        table = "".join(job_row(j, now) for j in jobs) or '<tr class=empty><td colspan=11>No jobs yet. Submit one with <code>trainforge submit</code> or <code>trainer.submit()</code>.</td></tr>'
+        query = "".join(f"&state={s}" for s in states or []) + (f"&name={_e(name)}" if name else "")
+        more_link = f'<a class=more href="/?before={rows[-1].id}{query}">Older jobs →</a>' if more else ""
+        free = service.free()
+        cap = service.capacity
+        summary = " · ".join(f"{k}: {cap.get(k, 0) - free.get(k, 0):g}/{cap.get(k, 0):g} used" for k in sorted(cap))
+        body = (
+            f"<h1>Jobs</h1><p class=summary id=summary>{_e(summary)}</p>{filters}"
+            "<table class=jobs><thead><tr><th>ID</th><th>Name</th><th>State</th><th>Prio</th><th>Asks</th>"
+            "<th>Holds</th><th>Reason</th><th>Submitted</th><th>Duration</th><th>Last metrics</th><th></th></tr></thead>"
+            f"<tbody id=jobs>{table}</tbody></table>{more_link}"
+        )
+        return page("Jobs", body, kind="jobs", data={"filtered": bool(states or name or before)})
+
+    @app.get("/jobs/{job_id}", response_class=HTMLResponse, include_in_schema=False)
+    def job_page(job_id: int) -> Response:
+        job = service.store.get(job_id)
+        if job is None:
+            return page("No such job", f"<h1>No job {job_id}</h1><p><a href='/'>All jobs</a></p>", kind="job")
+        data = _safe(job_out(service, job).model_dump())
+        now = time.time()
+        pending = (data.get("pending") or {}).get("text")
+        head = (
+            f'<h1><span class="state s-{_e(data["state"])}" id=state>{_e(data["state"])}</span> '
+            f'Job {job_id}: {_e(data["name"])}</h1>'
+            f'<p class=meta>attempt {data["attempt"]} · submitted {_ago(data["submitted_at"], now)} · '
+            f'<span id=duration>{duration(data, now)}</span> · {"held" if data["state"] in ("SUCCEEDED", "FAILED", "STOPPED") else "holds"} '
+            f'{_e(resources(data.get("grant")) or "nothing")}'
+            f'{" · GPU " + _e(",".join(data["gpu_ids"])) if data.get("gpu_ids") else ""}'
+            f'{" · " + _e(pending) if pending else ""}</p>'
+            f'<div class=actions id=actions>{actions(data)}</div>'
+            f'<pre class=error id=error{" hidden" if not data.get("error") else ""}>{_e(data.get("error") or "")}</pre>'
+        )
+        body = (
+            head
+            + "<section><h2>Metrics</h2><div class=chart-controls>"
+            "<label>x <select id=xaxis><option value=step>step</option><option value=time>time</option></select></label>"
+            "<label><input type=checkbox id=logscale> log scale</label>"
+            "<label>smoothing <input type=range id=smooth min=0 max=0.99 step=0.01 value=0></label>"
+            "</div><div id=charts class=charts><p class=empty id=nometrics>No reports yet.</p></div></section>"
+            "<section><h2>Logs</h2><div class=log-controls><label>rank <select id=rank><option value=''>all (job output)</option>"
+            f"{''.join(f'<option value={r}>{r}</option>' for r in range(int(data.get('workers') or 0)))}</select></label>"
+            "<label><input type=checkbox id=follow checked> follow</label><button id=older>Older</button></div>"
+            "<pre id=log class=log></pre></section>"
+            "<section><h2>Events</h2><table class=events><thead><tr><th>#</th><th>When</th><th>Event</th><th>Detail</th></tr></thead>"
+            "<tbody id=events></tbody></table></section>"
+            "<section><h2>Checkpoints</h2><table class=checkpoints><thead><tr><th>Report</th><th>Metrics</th><th>Path</th></tr></thead>"
+            "<tbody id=checkpoints></tbody></table></section>"
+            f"<section><h2>Spec</h2><pre class=spec>{_e(json.dumps(_safe(job.spec), indent=2, default=str))}</pre></section>"
+        )
+        return page(f"Job {job_id}", body, kind="job", data={"job": data})
+
+    @app.get("/rows/{job_id}", response_class=HTMLResponse, include_in_schema=False)
+    def job_row_fragment(job_id: int) -> Response:
+        """One row of the jobs table as HTML (dashboard.js swaps it in when the job changes): one
+        renderer for rows, this one."""
+        job = service.store.get(job_id)
+        if job is None:
+            return HTMLResponse("", status_code=404)
+        return HTMLResponse(job_row(_safe(job_out(service, job).model_dump()), time.time()),
+                            headers={"Cache-Control": "no-store"})  # fmt: skip
+
+    @app.get("/queue", response_class=HTMLResponse, include_in_schema=False)
+    def queue_page() -> Response:
+        pending = service.queue()[:500]
+        grants = service.grants()
+        free = service.free()
+        cap = service.capacity
+        rows = "".join(
+            f'<tr><td>{p.position}</td><td><a href="/jobs/{p.job_id}">{p.job_id}</a></td><td>{_e(p.describe())}</td></tr>'
+            for p in pending
+        ) or "<tr class=empty><td colspan=3>Nothing waits.</td></tr>"
+        res = "".join(
+            f"<tr><td>{_e(k)}</td><td class=num>{cap[k]:g}</td><td class=num>{cap[k] - free.get(k, 0):g}</td>"
+            f"<td class=num>{free.get(k, 0):g}</td></tr>"
+            for k in sorted(cap)
+        )
+        holders = "".join(
+            f'<tr><td><a href="/jobs/{j}">{j}</a></td><td>{_e(resources(g["grant"]))}</td><td>{_e(", ".join(g["gpu_ids"]))}</td></tr>'
+            for j, g in sorted(grants.items())
+        ) or "<tr class=empty><td colspan=3>No job holds anything.</td></tr>"
+        body = (
+            "<h1>Queue &amp; resources</h1><section><h2>Resources</h2><table><thead><tr><th>Kind</th><th>Capacity</th>"
+            f"<th>Granted</th><th>Free</th></tr></thead><tbody>{res}</tbody></table></section>"
+            "<section><h2>Who holds what</h2><table><thead><tr><th>Job</th><th>Grant</th><th>GPUs</th></tr></thead>"
+            f"<tbody>{holders}</tbody></table></section>"
+            "<section><h2>Queue, in start order</h2><table><thead><tr><th>#</th><th>Job</th><th>Why it waits</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table></section>"
+        )
+        return page("Queue", body, kind="queue")

@@ -1,0 +1,396 @@
+// trainforge dashboard: keeps the server-rendered pages live over the API's server-sent events.
+// No framework, no build step. uPlot (vendored) draws the charts.
+const API = "/api/v1";
+const main = document.getElementById("page");
+const kind = main.dataset.kind;
+const pageData = JSON.parse(main.dataset.page || "{}");
+const LIFECYCLE = ["submitted", "starting", "running", "reattached", "run_start", "restart", "stopping", "ended",
+  "lost", "requeued", "held", "released", "priority", "retry", "grow", "shrink", "shrunk", "stopped"];
+const TERMINAL = new Set(["SUCCEEDED", "FAILED", "STOPPED"]);
+
+async function api(method, path, body) {
+  const init = { method, credentials: "same-origin", headers: {} };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const r = await fetch(API + path, init);
+  if (!r.ok) {
+    let detail = r.statusText;
+    try { detail = (await r.json()).detail; } catch (_) { /* not JSON */ }
+    throw new Error(typeof detail === "string" ? detail : JSON.stringify(detail));
+  }
+  return r.json();
+}
+
+function notice(text, bad) {
+  let el = document.getElementById("notice");
+  if (!el) {
+    el = document.createElement("div");
+    el.id = "notice";
+    document.body.appendChild(el);
+  }
+  el.textContent = text;
+  el.className = bad ? "notice bad" : "notice";
+  clearTimeout(notice.timer);
+  notice.timer = setTimeout(() => { el.className = "notice gone"; }, 5000);
+}
+
+function live(ok) {
+  const dot = document.getElementById("live");
+  if (dot) dot.className = ok ? "live on" : "live";
+}
+
+// A job's action buttons (rendered by the server; the same on every page).
+async function act(button) {
+  const id = Number(button.dataset.job);
+  const what = button.dataset.act;
+  button.disabled = true;
+  try {
+    let job;
+    if (what === "stop") job = await api("POST", `/jobs/${id}/stop`, {});
+    else if (what === "retry") job = await api("POST", `/jobs/${id}/retry`);
+    else if (what === "hold") job = await api("PATCH", `/jobs/${id}`, { hold: true });
+    else if (what === "release") job = await api("PATCH", `/jobs/${id}`, { hold: false });
+    else if (what === "priority") {
+      const value = window.prompt(`Priority of job ${id} (higher starts first):`, "0");
+      if (value === null) return;
+      job = await api("PATCH", `/jobs/${id}`, { priority: Number(value) });
+    }
+    notice(`job ${id}: ${job.state}`);
+    if (kind === "jobs") await refreshRow(id);
+    else if (kind === "job") await refreshJob();
+  } catch (err) {
+    notice(`job ${id}: ${err.message}`, true);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+document.addEventListener("click", (ev) => {
+  const button = ev.target.closest("button.act");
+  if (button) act(button);
+});
+
+// An EventSource that reconnects by itself (the browser resends Last-Event-ID) and shows the live dot.
+function follow(path, handlers) {
+  const source = new EventSource(API + path);
+  source.onopen = () => live(true);
+  source.onerror = () => live(false);
+  for (const [name, fn] of Object.entries(handlers)) {
+    source.addEventListener(name, (ev) => fn(JSON.parse(ev.data), ev));
+  }
+  return source;
+}
+
+// -- jobs page ----------------------------------------------------------------------------------------
+async function refreshRow(id) {
+  const r = await fetch(`/rows/${id}`, { credentials: "same-origin" });
+  if (!r.ok) return;
+  const html = await r.text();
+  const body = document.getElementById("jobs");
+  const template = document.createElement("template");
+  template.innerHTML = html.trim();
+  const row = template.content.firstElementChild;
+  if (!row) return;
+  const old = document.getElementById(`job-${id}`);
+  if (old) old.replaceWith(row);
+  else if (!pageData.filtered) {
+    body.querySelector("tr.empty")?.remove();
+    body.prepend(row);
+  }
+}
+
+function jobsPage() {
+  const pending = new Set();
+  let scheduled = false;
+  const flush = () => {
+    scheduled = false;
+    const ids = [...pending];
+    pending.clear();
+    ids.forEach((id) => refreshRow(id));
+  };
+  const onEvent = (data) => {
+    pending.add(data.job_id);
+    if (!scheduled) {
+      scheduled = true;
+      setTimeout(flush, 100); // one refresh per job per 100 ms, however many events arrive
+    }
+  };
+  const handlers = {};
+  for (const name of LIFECYCLE) handlers[name] = onEvent;
+  follow("/events", handlers);
+  // Running jobs' last metrics and durations move without lifecycle events.
+  setInterval(() => {
+    document.querySelectorAll('#jobs tr[data-state="RUNNING"]').forEach((tr) => pending.add(Number(tr.id.slice(4))));
+    if (pending.size && !scheduled) { scheduled = true; setTimeout(flush, 0); }
+  }, 2000);
+}
+
+// -- job page -----------------------------------------------------------------------------------------
+const PREFIXES = ["train_", "val_", "valid_", "validation_", "eval_", "test_", "train/", "val/", "valid/", "eval/", "test/"];
+const SUFFIXES = ["_train", "_val", "_valid", "_eval", "_test"];
+const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#ca8a04"];
+
+function groupOf(key) {
+  for (const p of PREFIXES) if (key.startsWith(p) && key.length > p.length) return key.slice(p.length);
+  for (const s of SUFFIXES) if (key.endsWith(s) && key.length > s.length) return key.slice(0, -s.length);
+  return key;
+}
+
+function asNumber(v) {
+  if (typeof v === "number") return v;
+  if (v === "nan" || v === "NaN") return NaN;
+  if (v === "inf" || v === "Infinity") return Infinity;
+  if (v === "-inf" || v === "-Infinity") return -Infinity;
+  return undefined;
+}
+
+class Charts {
+  constructor(box) {
+    this.box = box;
+    this.steps = [];
+    this.times = [];
+    this.series = new Map(); // key -> values (null where a report lacked it)
+    this.charts = new Map(); // group -> {plot, keys, el}
+    this.dirty = false;
+    this.x = "step";
+    this.log = false;
+    this.smooth = 0;
+    this.observer = new IntersectionObserver((entries) => {
+      for (const e of entries) e.target.dataset.visible = e.isIntersecting ? "1" : "";
+      this.schedule();
+    });
+  }
+
+  add(metrics, t) {
+    const n = this.steps.length;
+    this.steps.push(n);
+    this.times.push(t);
+    for (const [key, raw] of Object.entries(metrics || {})) {
+      const v = asNumber(raw);
+      if (v === undefined) continue;
+      if (!this.series.has(key)) this.series.set(key, new Array(n).fill(null));
+      this.series.get(key).push(Number.isFinite(v) ? v : null); // NaN and infinities: a gap
+    }
+    for (const values of this.series.values()) if (values.length < n + 1) values.push(null);
+    this.schedule();
+  }
+
+  schedule() {
+    if (this.dirty) return;
+    this.dirty = true;
+    requestAnimationFrame(() => { this.dirty = false; this.draw(); });
+  }
+
+  ema(values) {
+    if (!this.smooth) return null;
+    const out = new Array(values.length);
+    let acc = null;
+    for (let i = 0; i < values.length; i++) {
+      const v = values[i];
+      if (v === null) { out[i] = acc; continue; }
+      acc = acc === null ? v : acc * this.smooth + v * (1 - this.smooth);
+      out[i] = acc;
+    }
+    return out;
+  }
+
+  groups() {
+    const groups = new Map();
+    for (const key of [...this.series.keys()].sort()) {
+      const g = groupOf(key);
+      if (!groups.has(g)) groups.set(g, []);
+      groups.get(g).push(key);
+    }
+    return groups;
+  }
+
+  draw() {
+    const empty = document.getElementById("nometrics");
+    if (this.series.size && empty) empty.remove();
+    const xs = this.x === "time" ? this.times : this.steps;
+    for (const [group, keys] of this.groups()) {
+      let chart = this.charts.get(group);
+      if (chart && chart.keys.join() !== keys.join()) { chart.plot.destroy(); chart.el.remove(); chart = null; }
+      if (!chart) chart = this.create(group, keys);
+      if (chart.el.dataset.visible !== "1" && chart.plot) { chart.stale = true; continue; }
+      const data = [xs];
+      for (const key of keys) {
+        const values = this.series.get(key);
+        data.push(values);
+        const smoothed = this.ema(values);
+        if (smoothed) data.push(smoothed);
+      }
+      const zoomed = chart.zoomed;
+      chart.plot.setData(data, !zoomed); // a zoom survives live updates
+      chart.stale = false;
+      chart.el.querySelector(".last").textContent = keys.map((k) => {
+        const v = this.series.get(k);
+        const last = v[v.length - 1];
+        return `${k}: ${last === null || last === undefined ? "—" : Number(last).toPrecision(5)}`;
+      }).join("   ");
+    }
+  }
+
+  create(group, keys) {
+    const el = document.createElement("div");
+    el.className = "chart";
+    el.dataset.group = group;
+    const title = document.createElement("h3");
+    title.textContent = group;
+    const last = document.createElement("div");
+    last.className = "last";
+    el.append(title, last);
+    this.box.appendChild(el);
+    const series = [{ label: this.x }];
+    keys.forEach((key, i) => {
+      const color = COLORS[i % COLORS.length];
+      series.push({ label: key, stroke: this.smooth ? color + "55" : color, width: 1, spanGaps: false });
+      if (this.smooth) series.push({ label: `${key} (smoothed)`, stroke: color, width: 2 });
+    });
+    const width = Math.max(320, Math.min(640, this.box.clientWidth - 16));
+    const opts = {
+      width, height: 220, series,
+      scales: { x: { time: this.x === "time" }, y: this.log ? { distr: 3 } : {} },
+      axes: [{}, { size: 60 }],
+      cursor: { drag: { x: true, y: false } },
+      legend: { live: true },
+      hooks: {
+        setSelect: [(u) => { if (u.select.width > 0) chart.zoomed = true; }],
+      },
+    };
+    const chart = { el, keys, zoomed: false, stale: false, plot: null };
+    chart.plot = new uPlot(opts, [[]].concat(keys.map(() => [])).concat(this.smooth ? keys.map(() => []) : []), el);
+    el.addEventListener("dblclick", () => { chart.zoomed = false; this.schedule(); }); // uPlot resets the zoom
+    el.dataset.visible = "1";
+    this.observer.observe(el);
+    this.charts.set(group, chart);
+    return chart;
+  }
+
+  rebuild() {
+    for (const chart of this.charts.values()) { chart.plot.destroy(); chart.el.remove(); }
+    this.charts.clear();
+    this.schedule();
+  }
+}
+
+async function refreshJob() {
+  const id = pageData.job.id;
+  const job = await api("GET", `/jobs/${id}`);
+  const state = document.getElementById("state");
+  state.textContent = job.state;
+  state.className = `state s-${job.state}`;
+  const r = await fetch(`/rows/${id}`, { credentials: "same-origin" }); // the same buttons as the jobs table
+  if (r.ok) {
+    const template = document.createElement("template");
+    template.innerHTML = `<table><tbody>${await r.text()}</tbody></table>`;
+    const cell = template.content.querySelector("td.actions");
+    document.getElementById("actions").innerHTML = cell ? cell.innerHTML : "";
+  }
+  const error = document.getElementById("error");
+  error.hidden = !job.error;
+  error.textContent = job.error || "";
+  return job;
+}
+
+async function loadEvents() {
+  const id = pageData.job.id;
+  const events = await api("GET", `/jobs/${id}/events?limit=1000`);
+  const body = document.getElementById("events");
+  body.replaceChildren(...events.map((e) => {
+    const tr = document.createElement("tr");
+    const detail = e.payload && Object.keys(e.payload).length ? JSON.stringify(e.payload) : "";
+    for (const text of [e.seq, new Date(e.ts * 1000).toLocaleTimeString(), e.type, detail]) {
+      const td = document.createElement("td");
+      td.textContent = text;
+      tr.appendChild(td);
+    }
+    return tr;
+  }));
+}
+
+async function loadCheckpoints() {
+  const id = pageData.job.id;
+  const { checkpoints } = await api("GET", `/jobs/${id}/checkpoints`);
+  const body = document.getElementById("checkpoints");
+  body.replaceChildren(...checkpoints.map((c) => {
+    const tr = document.createElement("tr");
+    const metrics = Object.entries(c.metrics || {}).slice(0, 6).map(([k, v]) => `${k}=${v}`).join(" ");
+    const resume = `Checkpoint("${c.checkpoint}")  # resume_from_checkpoint=`;
+    for (const text of [c.index, metrics, c.checkpoint]) {
+      const td = document.createElement("td");
+      td.textContent = text;
+      tr.appendChild(td);
+    }
+    tr.title = resume;
+    return tr;
+  }));
+}
+
+function logs() {
+  const id = pageData.job.id;
+  const pre = document.getElementById("log");
+  const followBox = document.getElementById("follow");
+  const rankSelect = document.getElementById("rank");
+  let source = null;
+  let first = 0;
+  const MAX_CHARS = 2_000_000; // what the page keeps; older text is a click away
+  const append = (text) => {
+    const atBottom = pre.scrollHeight - pre.scrollTop - pre.clientHeight < 40;
+    pre.append(text);
+    if (pre.textContent.length > MAX_CHARS) pre.textContent = pre.textContent.slice(-MAX_CHARS);
+    if (followBox.checked && atBottom) pre.scrollTop = pre.scrollHeight;
+  };
+  const open = async () => {
+    if (source) source.close();
+    const rank = rankSelect.value;
+    const q = rank === "" ? "" : `&rank=${rank}`;
+    const chunk = await api("GET", `/jobs/${id}/logs?tail=1000${q}`);
+    first = chunk.offset;
+    pre.textContent = chunk.text;
+    pre.scrollTop = pre.scrollHeight;
+    source = follow(`/jobs/${id}/logs/stream?offset=${chunk.next_offset}${q}`, {
+      log: (d) => append(d.text),
+      end: () => source.close(),
+    });
+  };
+  rankSelect.addEventListener("change", open);
+  document.getElementById("older").addEventListener("click", async () => {
+    if (first <= 0) return;
+    const rank = rankSelect.value;
+    const start = Math.max(0, first - 65536);
+    const chunk = await api("GET", `/jobs/${id}/logs?offset=${start}${rank === "" ? "" : `&rank=${rank}`}`);
+    const bytes = new TextEncoder().encode(chunk.text).slice(0, first - start);
+    const height = pre.scrollHeight;
+    pre.prepend(new TextDecoder().decode(bytes));
+    pre.scrollTop += pre.scrollHeight - height;
+    first = start;
+  });
+  open();
+}
+
+function jobPage() {
+  const id = pageData.job.id;
+  const charts = new Charts(document.getElementById("charts"));
+  document.getElementById("xaxis").addEventListener("change", (e) => { charts.x = e.target.value; charts.rebuild(); });
+  document.getElementById("logscale").addEventListener("change", (e) => { charts.log = e.target.checked; charts.rebuild(); });
+  document.getElementById("smooth").addEventListener("change", (e) => { charts.smooth = Number(e.target.value); charts.rebuild(); });
+  let ended = TERMINAL.has(pageData.job.state);
+  const changed = () => { refreshJob().then((job) => { ended = TERMINAL.has(job.state); }); loadEvents(); loadCheckpoints(); };
+  follow(`/jobs/${id}/stream`, {
+    report: (ev) => charts.add(ev.metrics, ev.t),
+    run_start: changed,
+    restart: changed,
+    run_end: changed,
+    end: (job, ev) => { changed(); ev.target.close(); },
+  });
+  setInterval(() => { if (!ended) refreshJob().then((job) => { ended = TERMINAL.has(job.state); }); }, 2000);
+  loadEvents();
+  loadCheckpoints();
+  logs();
+}
+
+if (kind === "jobs") jobsPage();
+else if (kind === "job" && pageData.job) jobPage();
