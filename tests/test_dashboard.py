@@ -77,6 +77,8 @@ def test_a_report_reaches_its_chart_and_stop_from_the_page_ends_every_process(tr
     page.goto(_dashboard_url(train_server))
     row = page.locator(f"#job-{job.id}")
     row.locator(".s-RUNNING").wait_for(timeout=30_000)  # the table follows the job's lifecycle live
+    row.locator("td.uses", has_text="CPU").wait_for(timeout=30_000)  # and what the job uses
+    _shot(page, tmp_path, "jobs")
     page.goto(f"{train_server.url}/jobs/{job.id}")
     loss = page.locator('.chart[data-group="loss"] .last')
     loss.wait_for(timeout=30_000)
@@ -87,6 +89,15 @@ def test_a_report_reaches_its_chart_and_stop_from_the_page_ends_every_process(tr
         timeout=10_000,
     )
     page.locator("#log").wait_for()
+    # What its processes use, sampled every second: the runner and both workers.
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#usage tr')].filter(r => r.textContent.startsWith('worker')).length === 2",
+        timeout=30_000,
+    )
+    assert "no GPU" in page.locator("#gpu").inner_text()  # said, not left blank
+    usage = job.client.request("GET", f"/jobs/{job.id}/usage")
+    assert sorted(p["role"] for p in usage["processes"]) == ["runner", "worker", "worker"]
+    assert all(p["rss"] > 0 for p in usage["processes"]) and usage["total"]["processes"] == 3
     _shot(page, tmp_path, "job-detail", full_page=True)
     assert len(train_server.job_processes(job.id)) >= 3  # the runner and 2 workers
     page.locator('#actions button[data-act="stop"]').click()
@@ -127,7 +138,7 @@ def test_edge_cases_render_nan_metrics_many_keys_a_long_log_and_many_jobs(train_
     page.locator("#jobs tr").first.wait_for()
     page.goto(f"{train_server.url}/?state=SUCCEEDED")
     assert page.locator("#jobs tr").count() == 2
-    _shot(page, tmp_path, "jobs")
+    _shot(page, tmp_path, "jobs-filtered")
     page.goto(f"{train_server.url}/jobs/{odd.id}")
     page.wait_for_function("() => document.querySelectorAll('.chart').length >= 200", timeout=30_000)
     page.locator('.chart[data-group="nan"]').wait_for()

@@ -646,6 +646,14 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
                                          "checkpoint": event.get("checkpoint")})  # fmt: skip
         return {"reports": rows, "next_after": rows[-1]["seq"] if rows else after}
 
+    @app.get(f"{p}/jobs/{{job_id}}/usage", responses=errors)
+    def usage(job_id: JobId) -> dict[str, Any]:
+        """What the job's processes use now, sampled every second: ``processes`` (pid, role: runner |
+        worker | other, cpu_percent, rss bytes, threads, and gpu_memory bytes / gpu_util % with
+        NVML), ``total``, ``history`` (totals, the last 10 minutes), ``gpu`` ("ok" or why not)."""
+        _job_or_404(service, job_id)
+        return service.usage.usage(job_id)
+
     @app.get(f"{p}/jobs/{{job_id}}/checkpoints", responses=errors)
     def checkpoints(job_id: JobId) -> dict[str, Any]:
         """The checkpoints the job's runs reported that are still on storage, oldest first."""

@@ -102,10 +102,20 @@ def actions(job: dict[str, Any]) -> str:
     return "".join(f'<button class="act" data-act="{a}" data-job="{jid}">{label}</button>' for a, label in out)
 
 
-def job_row(job: dict[str, Any], now: float) -> str:
+def usage_text(total: dict[str, float] | None) -> str:
+    if not total:
+        return ""
+    text = f"CPU {total['cpu_percent']:.0f}% · {total['rss'] / 2**30:.2f} GiB"
+    if total.get("gpu_memory"):
+        text += f" · GPU {total['gpu_memory'] / 2**30:.2f} GiB, {total.get('gpu_util', 0):.0f}%"
+    return text
+
+
+def job_row(job: dict[str, Any], now: float, usage: dict[str, float] | None = None) -> str:
     """One row of the jobs table (also rendered by dashboard.js from the same JSON: keep in step)."""
     pending = job.get("pending") or {}
-    used = resources(job.get("grant")) if job.get("grant") else ""
+    active = job["state"] in ("STARTING", "RUNNING", "STOPPING")
+    used = resources(job.get("grant")) if job.get("grant") and active else ""
     req = job.get("request") or {}
     asked = f"{req.get('workers', 1)}" + (f"-{req['max_workers']}" if req.get("max_workers") else "") + " × " + (
         resources(req.get("per_worker")) or "0"
@@ -117,7 +127,8 @@ def job_row(job: dict[str, Any], now: float) -> str:
         f'<td><span class="state s-{_e(job["state"])}">{_e(job["state"])}</span></td>'
         f'<td class="num">{job["priority"]}</td>'
         f"<td>{_e(asked)}</td>"
-        f"<td>{_e(used)}{' · GPU ' + _e(','.join(job['gpu_ids'])) if job.get('gpu_ids') else ''}</td>"
+        f"<td>{_e(used)}{' · GPU ' + _e(','.join(job['gpu_ids'])) if job.get('gpu_ids') and active else ''}</td>"
+        f'<td class="uses">{_e(usage_text(usage))}</td>'
         f'<td class="reason">{_e(pending.get("text") or job.get("error") or "")}</td>'
         f'<td title="{_e(job["submitted_at"])}">{_ago(job["submitted_at"], now)}</td>'
         f"<td>{duration(job, now)}</td>"
@@ -183,7 +194,8 @@ def mount(app: FastAPI, service: JobService, job_out: Any) -> None:
             f'<form class=filters method=get action="/"><input name=name placeholder="name contains" '
             f'value="{_e(name or "")}">{checks}<button>Filter</button></form>'
         )
-        table = "".join(job_row(j, now) for j in jobs) or '<tr class=empty><td colspan=11>No jobs yet. Submit one with <code>trainforge submit</code> or <code>trainer.submit()</code>.</td></tr>'
+        totals = service.usage.totals()
+        table = "".join(job_row(j, now, totals.get(j["id"])) for j in jobs) or '<tr class=empty><td colspan=12>No jobs yet. Submit one with <code>trainforge submit</code> or <code>trainer.submit()</code>.</td></tr>'
         query = "".join(f"&state={s}" for s in states or []) + (f"&name={_e(name)}" if name else "")
         more_link = f'<a class=more href="/?before={rows[-1].id}{query}">Older jobs →</a>' if more else ""
         free = service.free()
@@ -192,7 +204,7 @@ def mount(app: FastAPI, service: JobService, job_out: Any) -> None:
         body = (
             f"<h1>Jobs</h1><p class=summary id=summary>{_e(summary)}</p>{filters}"
             "<table class=jobs><thead><tr><th>ID</th><th>Name</th><th>State</th><th>Prio</th><th>Asks</th>"
-            "<th>Holds</th><th>Reason</th><th>Submitted</th><th>Duration</th><th>Last metrics</th><th></th></tr></thead>"
+            "<th>Holds</th><th>Uses</th><th>Reason</th><th>Submitted</th><th>Duration</th><th>Last metrics</th><th></th></tr></thead>"
             f"<tbody id=jobs>{table}</tbody></table>{more_link}"
         )
         return page("Jobs", body, kind="jobs", data={"filtered": bool(states or name or before)})
@@ -223,6 +235,9 @@ def mount(app: FastAPI, service: JobService, job_out: Any) -> None:
             "<label><input type=checkbox id=logscale> log scale</label>"
             "<label>smoothing <input type=range id=smooth min=0 max=0.99 step=0.01 value=0></label>"
             "</div><div id=charts class=charts><p class=empty id=nometrics>No reports yet.</p></div></section>"
+            "<section><h2>System</h2><p class=meta id=gpu></p><table class=usage><thead><tr><th>Process</th><th>PID</th>"
+            "<th>CPU</th><th>Memory (RSS)</th><th>Threads</th><th>GPU memory</th><th>GPU util</th></tr></thead>"
+            "<tbody id=usage><tr class=empty><td colspan=7>Sampled every second while the job runs.</td></tr></tbody></table></section>"
             "<section><h2>Logs</h2><div class=log-controls><label>rank <select id=rank><option value=''>all (job output)</option>"
             f"{''.join(f'<option value={r}>{r}</option>' for r in range(int(data.get('workers') or 0)))}</select></label>"
             "<label><input type=checkbox id=follow checked> follow</label><button id=older>Older</button></div>"
@@ -242,7 +257,8 @@ def mount(app: FastAPI, service: JobService, job_out: Any) -> None:
         job = service.store.get(job_id)
         if job is None:
             return HTMLResponse("", status_code=404)
-        return HTMLResponse(job_row(_safe(job_out(service, job).model_dump()), time.time()),
+        return HTMLResponse(job_row(_safe(job_out(service, job).model_dump()), time.time(),
+                                    service.usage.totals().get(job_id)),
                             headers={"Cache-Control": "no-store"})  # fmt: skip
 
     @app.get("/queue", response_class=HTMLResponse, include_in_schema=False)

@@ -145,6 +145,9 @@ class JobService:
         self._tailer: threading.Thread | None = None
         self.last_decision_s = 0.0
         self.started_at = time.time()
+        from trainforge.server._usage import UsageSampler
+
+        self.usage = UsageSampler(self)
 
     def _server_id(self) -> str:
         path = os.path.join(self.state_dir, "server_id")
@@ -190,6 +193,7 @@ class JobService:
     def start(self) -> None:
         self._tailer = threading.Thread(target=self._tail_loop, daemon=True, name="tf-tailer")
         self._tailer.start()
+        self.usage.start()
         if self.warm:
             self._start_zygote()
 
@@ -240,6 +244,7 @@ class JobService:
         """Stop following the jobs (they keep running; the next server reattaches them). The zygote
         stops serving and exits once the processes it forked have ended."""
         self._closing.set()
+        self.usage.close()
         self._zygote_path = None
         if self._zygote is not None and self._zygote.stdin is not None:
             self._zygote.stdin.close()

@@ -329,6 +329,28 @@ async function loadCheckpoints() {
   }));
 }
 
+const GiB = 2 ** 30;
+
+async function loadUsage() {
+  const id = pageData.job.id;
+  const usage = await api("GET", `/jobs/${id}/usage`);
+  document.getElementById("gpu").textContent = usage.gpu === "ok" ? "GPU readings from NVML" : usage.gpu;
+  if (!usage.processes.length) return;
+  const body = document.getElementById("usage");
+  body.replaceChildren(...usage.processes.map((p) => {
+    const tr = document.createElement("tr");
+    const cells = [p.role, p.pid, `${p.cpu_percent.toFixed(0)}%`, `${(p.rss / GiB).toFixed(2)} GiB`, p.threads,
+      p.gpu_memory === undefined ? "—" : `${(p.gpu_memory / GiB).toFixed(2)} GiB`,
+      p.gpu_util === undefined ? "—" : `${p.gpu_util.toFixed(0)}%`];
+    for (const text of cells) {
+      const td = document.createElement("td");
+      td.textContent = text;
+      tr.appendChild(td);
+    }
+    return tr;
+  }));
+}
+
 function logs() {
   const id = pageData.job.id;
   const pre = document.getElementById("log");
@@ -386,7 +408,12 @@ function jobPage() {
     run_end: changed,
     end: (job, ev) => { changed(); ev.target.close(); },
   });
-  setInterval(() => { if (!ended) refreshJob().then((job) => { ended = TERMINAL.has(job.state); }); }, 2000);
+  setInterval(() => {
+    if (ended) return;
+    refreshJob().then((job) => { ended = TERMINAL.has(job.state); });
+    loadUsage();
+  }, 2000);
+  loadUsage();
   loadEvents();
   loadCheckpoints();
   logs();

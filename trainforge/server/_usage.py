@@ -1,0 +1,174 @@
+"""What each running job actually uses: CPU, memory and, with an NVIDIA GPU, GPU memory and
+utilisation, per process, sampled every second.
+
+A job's processes are found as ``stop`` finds them (their environment names the job; see
+``JobService.job_processes``), in one scan of the machine's processes every few seconds; between
+scans the known processes are sampled with psutil (``cpu_percent`` since the previous sample, RSS).
+GPU numbers come from NVML (``nvidia-ml-py``, in the ``[server]`` extra) per process id, so a GPU
+shared by two jobs is split by what each job's processes hold; without a GPU or NVML the reading
+says why (``gpu``: ``"no GPU: ..."``). A short history (the last ``HISTORY`` samples) of each job's
+totals feeds the dashboard's usage chart.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from trainforge._internal import constants
+
+if TYPE_CHECKING:
+    from trainforge.server._service import JobService
+
+INTERVAL_S = 1.0
+RESCAN_S = 5.0
+HISTORY = 600  # samples per job (10 minutes at 1 Hz)
+
+
+class _Gpus:
+    """NVML, if there is a GPU to ask: per-process memory and per-device utilisation."""
+
+    def __init__(self) -> None:
+        self.problem: str | None = None
+        self._nvml: Any = None
+        self._handles: list[Any] = []
+        try:
+            import pynvml  # nvidia-ml-py
+
+            pynvml.nvmlInit()
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self._nvml = pynvml
+            if not self._handles:
+                self.problem = "no GPU: NVML sees no device"
+        except ImportError:
+            self.problem = "no GPU readings: nvidia-ml-py is not installed (pip install 'trainforge[server]')"
+        except Exception as exc:  # NVMLError: no driver, no device
+            self.problem = f"no GPU: {exc}"
+
+    def sample(self) -> dict[int, dict[str, float]]:
+        """pid -> {"gpu_memory": bytes, "gpu_util": % of its device}, over every device."""
+        out: dict[int, dict[str, float]] = {}
+        if self._nvml is None:
+            return out
+        nv = self._nvml
+        for handle in self._handles:
+            try:
+                util = float(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
+                procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+            except Exception:  # a device that went away, or a driver hiccup: skip it this time
+                continue
+            for p in procs:
+                entry = out.setdefault(int(p.pid), {"gpu_memory": 0.0, "gpu_util": 0.0})
+                entry["gpu_memory"] += float(p.usedGpuMemory or 0)
+                entry["gpu_util"] = max(entry["gpu_util"], util)
+        return out
+
+
+class UsageSampler:
+    def __init__(self, service: JobService):
+        self.service = service
+        self._lock = threading.Lock()
+        self._procs: dict[int, dict[int, psutil.Process]] = {}  # job -> pid -> process
+        self._latest: dict[int, dict[str, Any]] = {}
+        self._history: dict[int, collections.deque[tuple[float, float, float, float]]] = {}
+        self._scanned = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.gpus: _Gpus | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="tf-usage")
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        self.gpus = _Gpus()
+        while not self._stop.wait(INTERVAL_S):
+            try:
+                self.sample()
+            except Exception:  # a sampling error must not end the sampling
+                pass
+
+    def _scan(self, active: set[int]) -> None:
+        found: dict[int, dict[int, psutil.Process]] = {j: {} for j in active}
+        want = {str(j): j for j in active}
+        for proc in psutil.process_iter():
+            try:
+                env = proc.environ()
+            except (psutil.Error, OSError):
+                continue
+            job = want.get(env.get(constants.ENV_JOB_ID, ""))
+            if job is not None and env.get(constants.ENV_SERVER_ID) == self.service.server_id:
+                old = self._procs.get(job, {}).get(proc.pid)
+                found[job][proc.pid] = old if old is not None else proc
+        self._procs = found
+        self._scanned = time.monotonic()
+
+    def sample(self) -> None:
+        active = set(self.service.active_jobs())
+        now = time.monotonic()
+        if active != set(self._procs) or now - self._scanned > RESCAN_S or any(not p for p in self._procs.values()):
+            self._scan(active)
+        gpu = self.gpus.sample() if self.gpus is not None else {}
+        t = time.time()
+        latest: dict[int, dict[str, Any]] = {}
+        for job_id, procs in self._procs.items():
+            rows = []
+            for pid, proc in list(procs.items()):
+                try:
+                    with proc.oneshot():
+                        cmd = " ".join(proc.cmdline())
+                        row = {
+                            "pid": pid,
+                            "role": "runner" if "server._runner" in cmd else "worker" if "worker_main" in cmd else "other",
+                            "cpu_percent": proc.cpu_percent(None),
+                            "rss": float(proc.memory_info().rss),
+                            "threads": proc.num_threads(),
+                        }
+                except (psutil.Error, OSError):
+                    procs.pop(pid, None)
+                    continue
+                row.update(gpu.get(pid, {}))
+                rows.append(row)
+            total = {
+                "cpu_percent": sum(r["cpu_percent"] for r in rows),
+                "rss": sum(r["rss"] for r in rows),
+                "gpu_memory": sum(r.get("gpu_memory", 0.0) for r in rows),
+                "gpu_util": max([r.get("gpu_util", 0.0) for r in rows] or [0.0]),
+                "processes": len(rows),
+            }
+            latest[job_id] = {"t": t, "processes": sorted(rows, key=lambda r: (r["role"] != "runner", r["pid"])),
+                              "total": total}  # fmt: skip
+            history = self._history.setdefault(job_id, collections.deque(maxlen=HISTORY))
+            history.append((t, total["cpu_percent"], total["rss"], total["gpu_memory"]))
+        with self._lock:
+            self._latest = latest
+            for job_id in [j for j in self._history if j not in active]:
+                self._history.pop(job_id, None)
+
+    def usage(self, job_id: int) -> dict[str, Any]:
+        """The latest sample of a job (empty while it does not run) and its recent totals."""
+        with self._lock:
+            latest = self._latest.get(job_id)
+            history = list(self._history.get(job_id, ()))
+        problem = self.gpus.problem if self.gpus is not None else "not sampled yet"
+        return {
+            "gpu": problem or "ok",
+            "interval_s": INTERVAL_S,
+            "t": latest["t"] if latest else None,
+            "processes": latest["processes"] if latest else [],
+            "total": latest["total"] if latest else None,
+            "history": [{"t": t, "cpu_percent": c, "rss": r, "gpu_memory": g} for t, c, r, g in history],
+        }
+
+    def totals(self) -> dict[int, dict[str, float]]:
+        with self._lock:
+            return {j: dict(v["total"]) for j, v in self._latest.items()}
