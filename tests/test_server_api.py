@@ -333,7 +333,7 @@ def test_stateful_sequences_follow_the_schema(tmp_path):
 
     Workflow.run(
         settings=settings(
-            max_examples=10, stateful_step_count=8, deadline=None, derandomize=True, database=None,
+            max_examples=30, stateful_step_count=8, deadline=None, derandomize=True, database=None,
             suppress_health_check=list(HealthCheck),
         )
     )  # fmt: skip
