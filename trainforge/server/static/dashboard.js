@@ -351,12 +351,11 @@ async function loadUsage() {
   }));
 }
 
-function logs() {
+function logs(isEnded) {
   const id = pageData.job.id;
   const pre = document.getElementById("log");
   const followBox = document.getElementById("follow");
   const rankSelect = document.getElementById("rank");
-  let source = null;
   let first = 0;
   const MAX_CHARS = 2_000_000; // what the page keeps; older text is a click away
   const append = (text) => {
@@ -365,18 +364,34 @@ function logs() {
     if (pre.textContent.length > MAX_CHARS) pre.textContent = pre.textContent.slice(-MAX_CHARS);
     if (followBox.checked && atBottom) pre.scrollTop = pre.scrollHeight;
   };
+  // Followed by polling, not a second event stream: a browser keeps at most 6 connections to a
+  // server over HTTP/1.1, and each open EventSource holds one for as long as the tab is open.
+  let next = 0;
+  let generation = 0;
+  const poll = async (mine) => {
+    if (mine !== generation) return;
+    const rank = rankSelect.value;
+    const ended = isEnded(); // read before the request: its text is then complete
+    try {
+      const chunk = await api("GET", `/jobs/${id}/logs?offset=${next}${rank === "" ? "" : `&rank=${rank}`}`);
+      if (mine !== generation) return;
+      if (chunk.text) append(chunk.text);
+      next = chunk.next_offset;
+      if (chunk.next_offset < chunk.size) { poll(mine); return; } // more is there already
+      if (ended) return; // the job ended before that read: nothing more will come
+    } catch (_) { /* the server restarts: try again */ }
+    setTimeout(() => poll(mine), 500);
+  };
   const open = async () => {
-    if (source) source.close();
+    generation += 1;
     const rank = rankSelect.value;
     const q = rank === "" ? "" : `&rank=${rank}`;
     const chunk = await api("GET", `/jobs/${id}/logs?tail=1000${q}`);
     first = chunk.offset;
+    next = chunk.next_offset;
     pre.textContent = chunk.text;
     pre.scrollTop = pre.scrollHeight;
-    source = follow(`/jobs/${id}/logs/stream?offset=${chunk.next_offset}${q}`, {
-      log: (d) => append(d.text),
-      end: () => source.close(),
-    });
+    poll(generation);
   };
   rankSelect.addEventListener("change", open);
   document.getElementById("older").addEventListener("click", async () => {
@@ -416,7 +431,7 @@ function jobPage() {
   loadUsage();
   loadEvents();
   loadCheckpoints();
-  logs();
+  logs(() => ended);
 }
 
 if (kind === "jobs") jobsPage();
