@@ -45,6 +45,11 @@ def _gated(config):
         trainforge.report(metrics)
 
 
+def _many_reports(config):
+    for step in range(config["steps"]):
+        trainforge.report({"spiky": 100.0 if step == config["spike_at"] else 1.0})
+
+
 def _fails_on_rank_1(config):
     trainforge.report({"step": 0})
     if trainforge.get_context().get_world_rank() == 1:
@@ -146,6 +151,14 @@ def test_edge_cases_render_nan_metrics_many_keys_a_long_log_and_many_jobs(train_
     page.wait_for_function("() => document.getElementById('log').textContent.includes('line 99999')",
                            timeout=30_000)  # fmt: skip
     assert "line 0 " not in page.locator("#log").inner_text()  # it opened at the tail
+    # A long series: the page loads it downsampled (min/max/last buckets), and the spike survives.
+    long = _trainer(tmp_path, "long", _many_reports, workers=1, steps=5000, spike_at=2500).submit()
+    assert long.wait(timeout=120).state == "SUCCEEDED"
+    series = long.client.request("GET", f"/jobs/{long.id}/series", params={"points": 100})
+    assert series["n"] == 5000 and len(series["series"]["spiky"]["max"]) == 100
+    assert max(series["series"]["spiky"]["max"]) == 100.0 and series["series"]["spiky"]["last"][-1] == 1.0
+    page.goto(f"{train_server.url}/jobs/{long.id}")
+    page.locator('.chart[data-group="spiky"]').get_by_text("spiky max").wait_for()  # drawn as a band
     page.goto(f"{train_server.url}/queue")
     assert "held" in page.locator("main").inner_text()
     _shot(page, tmp_path, "queue")

@@ -34,6 +34,7 @@ import trainforge
 from trainforge.server import _store as st
 from trainforge.server._runner import EVENTS_FILE, OUTPUT_FILE, RESULT_FILE
 from trainforge.server._scheduler import Pending
+from trainforge.server._series import SeriesCache
 from trainforge.server._service import ConflictError, JobService, NotFoundError
 
 API_PREFIX = "/api/v1"
@@ -578,14 +579,17 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
     def job_stream(
         job_id: JobId,
         start: Literal["begin", "end"] = "begin",
+        offset: Annotated[int | None, Query(ge=0, le=2**62)] = None,
         last_event_id: Annotated[str | None, Header(max_length=32)] = None,
     ) -> StreamingResponse:
         """The job's run events as its runs write them (``event``: run_start | report | restart |
         run_end; ``data``: the event; ``id``: byte offset in its events file), then ``end`` (the job).
-        ``start=end``: only what comes from now on (to wait for the end)."""
+        ``start=end``: only what comes from now on (to wait for the end); ``offset``: from that byte
+        offset (``next_offset`` of ``/series``: a chart loaded from it goes on without a gap)."""
         _job_or_404(service, job_id)
         path = os.path.join(service.job_dir(job_id), EVENTS_FILE)
-        pos = _resume_at(last_event_id, _complete_size(path) if start == "end" else 0)
+        first = offset if offset is not None else _complete_size(path) if start == "end" else 0
+        pos = _resume_at(last_event_id, first)
         return _sse_response(_job_events(job_id, path, pos))
 
     async def _job_events(job_id: int, path: str, pos: int) -> AsyncIterator[_Event | None]:
@@ -645,6 +649,22 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
                                          "t": event.get("t"), "metrics": _finite(event.get("metrics")),
                                          "checkpoint": event.get("checkpoint")})  # fmt: skip
         return {"reports": rows, "next_after": rows[-1]["seq"] if rows else after}
+
+    series_cache = SeriesCache()
+
+    @app.get(f"{p}/jobs/{{job_id}}/series", responses=errors)
+    def series(
+        job_id: JobId,
+        points: Annotated[int, Query(ge=1, le=100_000)] = 2000,
+        key: Annotated[list[str] | None, Query(max_length=1000)] = None,
+    ) -> dict[str, Any]:
+        """Rank 0's metrics as chart series, each cut into at most ``points`` buckets of consecutive
+        reports with their ``min``, ``max`` and ``last`` value (NaN/inf/missing: no value; an empty
+        bucket is null) and the step index ``i`` and time ``t`` of each bucket's last report; ``n``
+        reports in all; ``next_offset``: where the job's event stream goes on from. ``key`` (repeatable)
+        picks keys."""
+        _job_or_404(service, job_id)
+        return series_cache.series(job_id, os.path.join(service.job_dir(job_id), EVENTS_FILE), points, key)
 
     @app.get(f"{p}/jobs/{{job_id}}/usage", responses=errors)
     def usage(job_id: JobId) -> dict[str, Any]:

@@ -147,11 +147,16 @@ function asNumber(v) {
 }
 
 class Charts {
+  // Each key's series as three aligned columns: last, min, max. Loaded from the server's buckets
+  // (/series: min/max keep a spike visible however long the run), then raw reports appended live
+  // (min = max = last for those).
   constructor(box) {
     this.box = box;
     this.steps = [];
     this.times = [];
-    this.series = new Map(); // key -> values (null where a report lacked it)
+    this.count = 0; // reports so far (the step index of the next one)
+    this.series = new Map(); // key -> {last, min, max}
+    this.banded = false; // some bucket holds more than one report: draw min/max faintly
     this.charts = new Map(); // group -> {plot, keys, el}
     this.dirty = false;
     this.x = "step";
@@ -163,17 +168,47 @@ class Charts {
     });
   }
 
+  column(key) {
+    let c = this.series.get(key);
+    if (!c) {
+      const n = this.steps.length;
+      c = { last: new Array(n).fill(null), min: new Array(n).fill(null), max: new Array(n).fill(null) };
+      this.series.set(key, c);
+    }
+    return c;
+  }
+
+  load(s) {
+    const keys = Object.keys(s.series);
+    const first = keys.length ? s.series[keys[0]] : { i: [], t: [] };
+    this.steps = [...first.i];
+    this.times = first.t.map((t) => t ?? null);
+    this.count = s.n;
+    this.banded = s.n > first.i.length;
+    for (const key of keys) {
+      const b = s.series[key];
+      this.series.set(key, { last: [...b.last], min: [...b.min], max: [...b.max] });
+    }
+    this.schedule();
+  }
+
   add(metrics, t) {
     const n = this.steps.length;
-    this.steps.push(n);
+    this.steps.push(this.count);
     this.times.push(t);
+    this.count += 1;
     for (const [key, raw] of Object.entries(metrics || {})) {
       const v = asNumber(raw);
       if (v === undefined) continue;
-      if (!this.series.has(key)) this.series.set(key, new Array(n).fill(null));
-      this.series.get(key).push(Number.isFinite(v) ? v : null); // NaN and infinities: a gap
+      const c = this.column(key);
+      const value = Number.isFinite(v) ? v : null; // NaN and infinities: a gap
+      c.last.push(value);
+      c.min.push(value);
+      c.max.push(value);
     }
-    for (const values of this.series.values()) if (values.length < n + 1) values.push(null);
+    for (const c of this.series.values()) {
+      if (c.last.length < n + 1) { c.last.push(null); c.min.push(null); c.max.push(null); }
+    }
     this.schedule();
   }
 
@@ -206,27 +241,35 @@ class Charts {
     return groups;
   }
 
+  layout() {
+    return `${this.banded}/${this.smooth > 0}`;
+  }
+
   draw() {
     const empty = document.getElementById("nometrics");
     if (this.series.size && empty) empty.remove();
     const xs = this.x === "time" ? this.times : this.steps;
     for (const [group, keys] of this.groups()) {
       let chart = this.charts.get(group);
-      if (chart && chart.keys.join() !== keys.join()) { chart.plot.destroy(); chart.el.remove(); chart = null; }
+      if (chart && (chart.keys.join() !== keys.join() || chart.layout !== this.layout())) {
+        chart.plot.destroy();
+        chart.el.remove();
+        chart = null;
+      }
       if (!chart) chart = this.create(group, keys);
       if (chart.el.dataset.visible !== "1" && chart.plot) { chart.stale = true; continue; }
       const data = [xs];
       for (const key of keys) {
-        const values = this.series.get(key);
-        data.push(values);
-        const smoothed = this.ema(values);
+        const c = this.series.get(key);
+        data.push(c.last);
+        if (this.banded) data.push(c.min, c.max);
+        const smoothed = this.ema(c.last);
         if (smoothed) data.push(smoothed);
       }
-      const zoomed = chart.zoomed;
-      chart.plot.setData(data, !zoomed); // a zoom survives live updates
+      chart.plot.setData(data, !chart.zoomed); // a zoom survives live updates
       chart.stale = false;
       chart.el.querySelector(".last").textContent = keys.map((k) => {
-        const v = this.series.get(k);
+        const v = this.series.get(k).last;
         const last = v[v.length - 1];
         return `${k}: ${last === null || last === undefined ? "—" : Number(last).toPrecision(5)}`;
       }).join("   ");
@@ -247,21 +290,23 @@ class Charts {
     keys.forEach((key, i) => {
       const color = COLORS[i % COLORS.length];
       series.push({ label: key, stroke: this.smooth ? color + "55" : color, width: 1, spanGaps: false });
+      if (this.banded) {
+        series.push({ label: `${key} min`, stroke: color + "33", width: 1 });
+        series.push({ label: `${key} max`, stroke: color + "33", width: 1 });
+      }
       if (this.smooth) series.push({ label: `${key} (smoothed)`, stroke: color, width: 2 });
     });
     const width = Math.max(320, Math.min(640, this.box.clientWidth - 16));
+    const chart = { el, keys, zoomed: false, stale: false, plot: null, layout: this.layout() };
     const opts = {
       width, height: 220, series,
       scales: { x: { time: this.x === "time" }, y: this.log ? { distr: 3 } : {} },
       axes: [{}, { size: 60 }],
       cursor: { drag: { x: true, y: false } },
       legend: { live: true },
-      hooks: {
-        setSelect: [(u) => { if (u.select.width > 0) chart.zoomed = true; }],
-      },
+      hooks: { setSelect: [(u) => { if (u.select.width > 0) chart.zoomed = true; }] },
     };
-    const chart = { el, keys, zoomed: false, stale: false, plot: null };
-    chart.plot = new uPlot(opts, [[]].concat(keys.map(() => [])).concat(this.smooth ? keys.map(() => []) : []), el);
+    chart.plot = new uPlot(opts, series.map(() => []), el);
     el.addEventListener("dblclick", () => { chart.zoomed = false; this.schedule(); }); // uPlot resets the zoom
     el.dataset.visible = "1";
     this.observer.observe(el);
@@ -416,12 +461,16 @@ function jobPage() {
   document.getElementById("smooth").addEventListener("change", (e) => { charts.smooth = Number(e.target.value); charts.rebuild(); });
   let ended = TERMINAL.has(pageData.job.state);
   const changed = () => { refreshJob().then((job) => { ended = TERMINAL.has(job.state); }); loadEvents(); loadCheckpoints(); };
-  follow(`/jobs/${id}/stream`, {
-    report: (ev) => charts.add(ev.metrics, ev.t),
-    run_start: changed,
-    restart: changed,
-    run_end: changed,
-    end: (job, ev) => { changed(); ev.target.close(); },
+  // The history, downsampled by the server, then the job's events from where it ended.
+  api("GET", `/jobs/${id}/series?points=${Math.max(500, 2 * window.innerWidth)}`).then((s) => {
+    charts.load(s);
+    follow(`/jobs/${id}/stream?offset=${s.next_offset}`, {
+      report: (ev) => charts.add(ev.metrics, ev.t),
+      run_start: changed,
+      restart: changed,
+      run_end: changed,
+      end: (job, ev) => { changed(); ev.target.close(); },
+    });
   });
   setInterval(() => {
     if (ended) return;
