@@ -161,6 +161,8 @@ def test_edge_cases_render_nan_metrics_many_keys_a_long_log_and_many_jobs(train_
     page.locator('.chart[data-group="spiky"]').get_by_text("spiky max").wait_for()  # drawn as a band
     page.goto(f"{train_server.url}/queue")
     assert "held" in page.locator("main").inner_text()
+    for ran in (odd, chatty, long):  # the timeline has a bar for every job that ran
+        assert page.locator(f'svg.timeline rect[data-job="{ran.id}"]').count() == 1
     _shot(page, tmp_path, "queue")
     page.goto(f"{train_server.url}/jobs/999999")
     assert "No job 999999" in page.locator("h1").inner_text()

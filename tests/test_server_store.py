@@ -114,3 +114,16 @@ def test_last_seq_follows_committed_events_only(store):
     reopened = st.JobStore(store.path)
     assert reopened.last_seq == before
     reopened.close()
+
+
+def test_jobs_running_since_are_those_that_held_resources_in_the_window(store):
+    never = _add(store, "never started")
+    old = _add(store, "ended before")
+    late = _add(store, "ended inside")
+    running = _add(store, "still running")
+    store.update(old.id, None, None, started_at=100.0, ended_at=200.0)
+    store.update(late.id, None, None, started_at=150.0, ended_at=400.0)
+    store.update(running.id, None, None, started_at=500.0)
+    assert [j.id for j in store.jobs_running_since(300.0)] == [running.id, late.id]  # latest start first
+    assert [j.id for j in store.jobs_running_since(300.0, limit=1)] == [running.id]
+    assert never.id not in [j.id for j in store.jobs_running_since(0.0)]

@@ -137,6 +137,43 @@ def job_row(job: dict[str, Any], now: float, usage: dict[str, float] | None = No
     )
 
 
+STATE_COLORS = {"RUNNING": "#3b82f6", "STARTING": "#3b82f6", "STOPPING": "#9ca3af", "SUCCEEDED": "#22c55e",
+                "FAILED": "#ef4444", "LOST": "#ef4444", "STOPPED": "#9ca3af"}  # fmt: skip
+
+
+def timeline(service: JobService, hours: float, now: float, width: int = 1000) -> str:
+    """An SVG Gantt chart (server-rendered, no script): one bar per job that held resources in the
+    last ``hours``, from its start to its end (or now), labelled with what it held; GPUs by id."""
+    since = now - hours * 3600
+    jobs = service.store.jobs_running_since(since, limit=100)
+    if not jobs:
+        return "<p class=empty>No job ran in this window.</p>"
+    left, row = 220, 22
+    height = row * len(jobs) + 24
+    scale = (width - left - 10) / (now - since)
+    parts = [f'<svg class=timeline viewBox="0 0 {width} {height}" width="{width}" height="{height}" role=img>']
+    for h in range(int(hours) + 1):  # an hour grid, labelled in hours ago
+        x = left + (now - h * 3600 - since) * scale
+        if x >= left:
+            parts.append(f'<line x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{height - 18}" stroke="#e5e7eb"/>'
+                         f'<text x="{x:.1f}" y="{height - 4}" font-size="11" fill="#6b7280" text-anchor="middle">'
+                         f'{"now" if h == 0 else f"-{h}h"}</text>')  # fmt: skip
+    for i, job in enumerate(jobs):
+        start = max(job.started_at or now, since)
+        end = min(job.ended_at or now, now)
+        x, w, y = left + (start - since) * scale, max(2.0, (end - start) * scale), i * row + 2
+        held = resources(job.grant) + (f" · GPU {','.join(job.gpu_ids)}" if job.gpu_ids else "")
+        label = f"job {job.id} {job.name}"[:34]
+        parts.append(
+            f'<a href="/jobs/{job.id}"><text x="4" y="{y + 14}" font-size="12" fill="#111827">{_e(label)}</text>'
+            f'<rect data-job="{job.id}" x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row - 6}" rx="3" '
+            f'fill="{STATE_COLORS.get(job.state, "#9ca3af")}"><title>{_e(f"job {job.id} ({job.state}): {held}")}</title></rect>'
+            f'<text x="{x + 4:.1f}" y="{y + 12}" font-size="10" fill="#fff">{_e(held if w > 60 else "")}</text></a>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def page(title: str, body: str, *, kind: str, data: dict[str, Any] | None = None) -> HTMLResponse:
     """A page: the shared header, ``body``, the page's data for the script (a JSON attribute)."""
     payload = _e(json.dumps(data or {}, allow_nan=False, default=str))
@@ -262,13 +299,14 @@ def mount(app: FastAPI, service: JobService, job_out: Any) -> None:
                             headers={"Cache-Control": "no-store"})  # fmt: skip
 
     @app.get("/queue", response_class=HTMLResponse, include_in_schema=False)
-    def queue_page() -> Response:
+    def queue_page(hours: float = Query(6.0, gt=0, le=24 * 30)) -> Response:
         pending = service.queue()[:500]
         grants = service.grants()
         free = service.free()
         cap = service.capacity
         rows = "".join(
-            f'<tr><td>{p.position}</td><td><a href="/jobs/{p.job_id}">{p.job_id}</a></td><td>{_e(p.describe())}</td></tr>'
+            f'<tr><td>{p.position if p.position is not None else "—"}</td><td><a href="/jobs/{p.job_id}">{p.job_id}</a></td>'
+            f"<td>{_e(p.describe())}</td></tr>"
             for p in pending
         ) or "<tr class=empty><td colspan=3>Nothing waits.</td></tr>"
         res = "".join(
@@ -285,6 +323,7 @@ def mount(app: FastAPI, service: JobService, job_out: Any) -> None:
             f"<th>Granted</th><th>Free</th></tr></thead><tbody>{res}</tbody></table></section>"
             "<section><h2>Who holds what</h2><table><thead><tr><th>Job</th><th>Grant</th><th>GPUs</th></tr></thead>"
             f"<tbody>{holders}</tbody></table></section>"
+            f"<section><h2>Who used what, the last {hours:g} hours</h2>{timeline(service, hours, time.time())}</section>"
             "<section><h2>Queue, in start order</h2><table><thead><tr><th>#</th><th>Job</th><th>Why it waits</th></tr></thead>"
             f"<tbody>{rows}</tbody></table></section>"
         )

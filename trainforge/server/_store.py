@@ -324,6 +324,13 @@ class JobStore:
             sql += f" LIMIT {int(limit)}"
         return [JobRow.from_sql(r) for r in self._reader().execute(sql, args)]
 
+    def jobs_running_since(self, since: float, limit: int = 200) -> list[JobRow]:
+        """Jobs that held resources at some point after ``since`` (started, and not ended before it),
+        the latest started first."""
+        sql = ("SELECT * FROM jobs WHERE started_at IS NOT NULL AND (ended_at IS NULL OR ended_at >= ?) "
+               f"ORDER BY started_at DESC LIMIT {int(limit)}")  # fmt: skip
+        return [JobRow.from_sql(r) for r in self._reader().execute(sql, [since])]
+
     def count(self, states: Sequence[str] | None = None) -> int:
         sql = "SELECT COUNT(*) FROM jobs"
         args: list[Any] = []
