@@ -272,10 +272,6 @@ def test_elastic_shrinks_after_failure_and_grows_back(tmp_path, monkeypatch):
         metrics = {"attempt": attempt, "world": ctx.get_world_size(), "rows": rows}
         if attempt == 0:
             train.report(metrics, checkpoint=_save(0))
-            if rank == 0:
-                resources.write_text(json.dumps({"CPU": 2}))  # resources shrink ...
-                while True:
-                    time.sleep(0.05)
             if rank == 2:
                 while json.loads(resources.read_text())["CPU"] != 2:
                     time.sleep(0.02)
@@ -290,11 +286,22 @@ def test_elastic_shrinks_after_failure_and_grows_back(tmp_path, monkeypatch):
                 time.sleep(0.05)
         train.report(metrics)
 
+    class ShrinkAfterTheFirstCheckpoint(train.Callback):
+        """Resources shrink once attempt 0's checkpoint is committed (the driver has made that
+        checkpoint's sizing decision by then), so it is the failure, not a resize, that shrinks the
+        group; a worker shrinking them itself would race the commit."""
+
+        def on_report(self, report):
+            if report.attempt == 0:
+                resources.write_text(json.dumps({"CPU": 2}))
+
+    run_config = _rc(tmp_path, max_failures=1)
+    run_config.callbacks = [ShrinkAfterTheFirstCheckpoint()]
     trainer = DataParallelTrainer(
         loop,
         datasets={"train": list(range(12))},
         scaling_config=ScalingConfig(num_workers=(1, 3)),
-        run_config=_rc(tmp_path, max_failures=1),
+        run_config=run_config,
     )
     reports = list(run := trainer.fit_iter())
     assert run.result.error is None
