@@ -751,5 +751,5 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
 
     from trainforge.server import _dashboard
 
-    _dashboard.mount(app, service, job_out)
+    _dashboard.mount(app, service)
     return _Guard(app, token, allowed_hosts), app

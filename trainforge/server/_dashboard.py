@@ -24,6 +24,9 @@ from fastapi import Query
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from trainforge.server import _store as st
+from trainforge.server._app import _finite, job_out
+
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
@@ -35,7 +38,6 @@ CSP = (
     "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
 )
 PAGE_SIZE = 50
-STATES = ("QUEUED", "HELD", "STARTING", "RUNNING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED", "LOST")
 
 
 def _e(value: Any) -> str:
@@ -89,15 +91,15 @@ def actions(job: dict[str, Any]) -> str:
     """The buttons a job's state allows; dashboard.js sends them to the API."""
     state, jid = job["state"], job["id"]
     out = []
-    if state in ("QUEUED", "HELD", "STARTING", "RUNNING"):
+    if state in (*st.WAITING_STATES, st.STARTING, st.RUNNING):
         out.append(("stop", "Stop"))
-    if state == "QUEUED":
+    if state == st.QUEUED:
         out.append(("hold", "Hold"))
-    if state == "HELD":
+    if state == st.HELD:
         out.append(("release", "Release"))
-    if state in ("FAILED", "STOPPED"):
+    if state in (st.FAILED, st.STOPPED):
         out.append(("retry", "Retry"))
-    if state in ("QUEUED", "HELD"):
+    if state in st.WAITING_STATES:
         out.append(("priority", "Priority…"))
     return "".join(f'<button class="act" data-act="{a}" data-job="{jid}">{label}</button>' for a, label in out)
 
@@ -114,7 +116,7 @@ def usage_text(total: dict[str, float] | None) -> str:
 def job_row(job: dict[str, Any], now: float, usage: dict[str, float] | None = None) -> str:
     """One row of the jobs table (also rendered by dashboard.js from the same JSON: keep in step)."""
     pending = job.get("pending") or {}
-    active = job["state"] in ("STARTING", "RUNNING", "STOPPING")
+    active = job["state"] in st.ACTIVE_STATES
     used = resources(job.get("grant")) if job.get("grant") and active else ""
     req = job.get("request") or {}
     asked = f"{req.get('workers', 1)}" + (f"-{req['max_workers']}" if req.get("max_workers") else "") + " × " + (
@@ -195,18 +197,13 @@ def page(title: str, body: str, *, kind: str, data: dict[str, Any] | None = None
     return HTMLResponse(text, headers={"Content-Security-Policy": CSP, "Cache-Control": "no-store"})
 
 
-def _safe(value: Any) -> Any:
-    """JSON-safe: NaN and infinities as strings (the page's JSON must parse)."""
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_safe(v) for v in value]
-    return value
+def _job_json(service: JobService, job: Any) -> dict[str, Any]:
+    """A job as the API returns it (``JobOut``), NaN and infinities as strings (the page's JSON
+    must parse)."""
+    return _finite(job_out(service, job).model_dump())  # type: ignore[no-any-return]
 
 
-def mount(app: FastAPI, service: JobService, job_out: Any) -> None:
+def mount(app: FastAPI, service: JobService) -> None:
     """Add the dashboard's pages and static files to the API's app."""
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
@@ -216,16 +213,16 @@ def mount(app: FastAPI, service: JobService, job_out: Any) -> None:
         name: str | None = Query(None, max_length=200),
         before: int | None = Query(None, ge=0, le=2**62),
     ) -> Response:
-        states = [s for s in (state or []) if s in STATES] or None
+        states = [s for s in (state or []) if s in st.ALL_STATES] or None
         rows = service.store.jobs(states, before=before, limit=PAGE_SIZE + 1, name=name or None)
         more = len(rows) > PAGE_SIZE
         rows = rows[:PAGE_SIZE]
         now = time.time()
-        jobs = [_safe(job_out(service, j).model_dump()) for j in rows]
+        jobs = [_job_json(service, j) for j in rows]
         checks = "".join(
             f'<label><input type=checkbox name=state value="{s}"{" checked" if states and s in states else ""}>'
             f"{s.lower()}</label>"
-            for s in STATES
+            for s in st.ALL_STATES
         )
         filters = (
             f'<form class=filters method=get action="/"><input name=name placeholder="name contains" '
@@ -251,14 +248,14 @@ def mount(app: FastAPI, service: JobService, job_out: Any) -> None:
         job = service.store.get(job_id)
         if job is None:
             return page("No such job", f"<h1>No job {job_id}</h1><p><a href='/'>All jobs</a></p>", kind="job")
-        data = _safe(job_out(service, job).model_dump())
+        data = _job_json(service, job)
         now = time.time()
         pending = (data.get("pending") or {}).get("text")
         head = (
             f'<h1><span class="state s-{_e(data["state"])}" id=state>{_e(data["state"])}</span> '
             f'Job {job_id}: {_e(data["name"])}</h1>'
             f'<p class=meta>attempt {data["attempt"]} · submitted {_ago(data["submitted_at"], now)} · '
-            f'<span id=duration>{duration(data, now)}</span> · {"held" if data["state"] in ("SUCCEEDED", "FAILED", "STOPPED") else "holds"} '
+            f'<span id=duration>{duration(data, now)}</span> · {"held" if data["state"] in st.TERMINAL_STATES else "holds"} '
             f'{_e(resources(data.get("grant")) or "nothing")}'
             f'{" · GPU " + _e(",".join(data["gpu_ids"])) if data.get("gpu_ids") else ""}'
             f'{" · " + _e(pending) if pending else ""}</p>'
@@ -283,7 +280,7 @@ def mount(app: FastAPI, service: JobService, job_out: Any) -> None:
             "<tbody id=events></tbody></table></section>"
             "<section><h2>Checkpoints</h2><table class=checkpoints><thead><tr><th>Report</th><th>Metrics</th><th>Path</th></tr></thead>"
             "<tbody id=checkpoints></tbody></table></section>"
-            f"<section><h2>Spec</h2><pre class=spec>{_e(json.dumps(_safe(job.spec), indent=2, default=str))}</pre></section>"
+            f"<section><h2>Spec</h2><pre class=spec>{_e(json.dumps(_finite(job.spec), indent=2, default=str))}</pre></section>"
         )
         return page(f"Job {job_id}", body, kind="job", data={"job": data})
 
@@ -294,7 +291,7 @@ def mount(app: FastAPI, service: JobService, job_out: Any) -> None:
         job = service.store.get(job_id)
         if job is None:
             return HTMLResponse("", status_code=404)
-        return HTMLResponse(job_row(_safe(job_out(service, job).model_dump()), time.time(),
+        return HTMLResponse(job_row(_job_json(service, job), time.time(),
                                     service.usage.totals().get(job_id)),
                             headers={"Cache-Control": "no-store"})  # fmt: skip
 

@@ -86,6 +86,23 @@ class _Runner:
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
+def find_job_processes(server_id: str, job_ids: list[int]) -> dict[int, list[psutil.Process]]:
+    """The live processes of each job, in one pass over the machine's processes: those whose
+    environment (``/proc/PID/environ``: the exec-time block, which a forked job process rewrites in
+    place, see zygote.py) names the job and this server."""
+    want = {str(j): j for j in job_ids}
+    found: dict[int, list[psutil.Process]] = {j: [] for j in job_ids}
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        job = want.get(env.get(constants.ENV_JOB_ID, ""))
+        if job is not None and env.get(ENV_SERVER_ID) == server_id:
+            found[job].append(proc)
+    return found
+
+
 def request_from_spec(spec: dict[str, Any], job_id: int = 0, *, priority: int = 0, held: bool = False) -> JobRequest:
     """What a job spec asks for (``job_id`` 0: a request checked before the job has an id)."""
     return JobRequest(
@@ -392,16 +409,7 @@ class JobService:
 
     def job_processes(self, job_id: int) -> list[psutil.Process]:
         """Every live process of the job on this machine, found by its environment."""
-        want = str(job_id)
-        found = []
-        for proc in psutil.process_iter():
-            try:
-                env = proc.environ()
-            except (psutil.Error, OSError):
-                continue
-            if env.get(constants.ENV_JOB_ID) == want and env.get(ENV_SERVER_ID) == self.server_id:
-                found.append(proc)
-        return found
+        return find_job_processes(self.server_id, [job_id])[job_id]
 
     def _find_runner(self, job_id: int) -> int | None:
         for proc in self.job_processes(job_id):
@@ -810,6 +818,8 @@ class JobService:
         it resized to still said the smaller size), or when it was asked to shrink to a size it
         already runs within (a grow it had not applied yet). A grow resize needs nothing: its grant
         grew first. Recorded as a ``shrunk`` event."""
+        if not sized.news and sized.resized is None and job_id not in self._shrinking:
+            return  # nothing new about its size (most passes of the tailer): no lock taken
         with self._lock:
             shape = self._shapes.get(job_id)
             if shape is None or self._closing.is_set():

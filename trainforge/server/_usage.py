@@ -2,7 +2,7 @@
 utilisation, per process, sampled every second.
 
 A job's processes are found as ``stop`` finds them (their environment names the job; see
-``JobService.job_processes``), in one scan of the machine's processes every few seconds; between
+``_service.find_job_processes``), in one scan of the machine's processes every few seconds; between
 scans the known processes are sampled with psutil (``cpu_percent`` since the previous sample, RSS).
 GPU numbers come from NVML (``nvidia-ml-py``, in the ``[server]`` extra) per process id, so a GPU
 shared by two jobs is split by what each job's processes hold; without a GPU or NVML the reading
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from trainforge._internal import constants
+from trainforge.server._service import find_job_processes
 
 if TYPE_CHECKING:
     from trainforge.server._service import JobService
@@ -72,7 +72,7 @@ class UsageSampler:
     def __init__(self, service: JobService):
         self.service = service
         self._lock = threading.Lock()
-        self._procs: dict[int, dict[int, psutil.Process]] = {}  # job -> pid -> process
+        self._procs: dict[int, dict[int, tuple[psutil.Process, str]]] = {}  # job -> pid -> (process, role)
         self._latest: dict[int, dict[str, Any]] = {}
         self._history: dict[int, collections.deque[tuple[float, float, float, float]]] = {}
         self._scanned = 0.0
@@ -98,17 +98,20 @@ class UsageSampler:
                 pass
 
     def _scan(self, active: set[int]) -> None:
-        found: dict[int, dict[int, psutil.Process]] = {j: {} for j in active}
-        want = {str(j): j for j in active}
-        for proc in psutil.process_iter():
-            try:
-                env = proc.environ()
-            except (psutil.Error, OSError):
-                continue
-            job = want.get(env.get(constants.ENV_JOB_ID, ""))
-            if job is not None and env.get(constants.ENV_SERVER_ID) == self.service.server_id:
-                old = self._procs.get(job, {}).get(proc.pid)
-                found[job][proc.pid] = old if old is not None else proc
+        found: dict[int, dict[int, tuple[psutil.Process, str]]] = {}
+        for job_id, procs in find_job_processes(self.service.server_id, sorted(active)).items():
+            known = self._procs.get(job_id, {})
+            found[job_id] = {}
+            for proc in procs:
+                if proc.pid in known:  # the same object: cpu_percent() measures since its last call
+                    found[job_id][proc.pid] = known[proc.pid]
+                    continue
+                try:
+                    cmd = " ".join(proc.cmdline())
+                except (psutil.Error, OSError):
+                    continue
+                role = "runner" if "server._runner" in cmd else "worker" if "worker_main" in cmd else "other"
+                found[job_id][proc.pid] = (proc, role)
         self._procs = found
         self._scanned = time.monotonic()
 
@@ -122,13 +125,12 @@ class UsageSampler:
         latest: dict[int, dict[str, Any]] = {}
         for job_id, procs in self._procs.items():
             rows = []
-            for pid, proc in list(procs.items()):
+            for pid, (proc, role) in list(procs.items()):
                 try:
                     with proc.oneshot():
-                        cmd = " ".join(proc.cmdline())
                         row = {
                             "pid": pid,
-                            "role": "runner" if "server._runner" in cmd else "worker" if "worker_main" in cmd else "other",
+                            "role": role,
                             "cpu_percent": proc.cpu_percent(None),
                             "rss": float(proc.memory_info().rss),
                             "threads": proc.num_threads(),
