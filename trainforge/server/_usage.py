@@ -117,6 +117,8 @@ class UsageSampler:
 
     def sample(self) -> None:
         active = set(self.service.active_jobs())
+        if not active and not self._procs:
+            return  # nothing runs: no scan of the machine's processes
         now = time.monotonic()
         if active != set(self._procs) or now - self._scanned > RESCAN_S or any(not p for p in self._procs.values()):
             self._scan(active)
