@@ -10,8 +10,10 @@ run with it), else to the test's temporary directory.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -54,6 +56,23 @@ def _fails_on_rank_1(config):
     trainforge.report({"step": 0})
     if trainforge.get_context().get_world_rank() == 1:
         raise ValueError("rank one broke on purpose")
+
+
+def _checkpointing(config):
+    """A checkpoint (with 10 KB of weights) at every step; resumes after the step it restores."""
+    start = 0
+    checkpoint = trainforge.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as d, open(os.path.join(d, "step")) as f:
+            start = int(f.read()) + 1
+    for step in range(start, config["steps"]):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "step"), "w") as f:
+                f.write(str(step))
+            with open(os.path.join(d, "weights.bin"), "wb") as f:
+                f.write(b"\0" * 10_000)
+            trainforge.report({"step": step, "resumed_at": start},
+                              checkpoint=trainforge.Checkpoint.from_directory(d))  # fmt: skip
 
 
 def _trainer(tmp_path, name, loop, workers=2, **config):
@@ -158,7 +177,18 @@ def test_edge_cases_render_nan_metrics_many_keys_a_long_log_and_many_jobs(train_
     assert series["n"] == 5000 and len(series["series"]["spiky"]["max"]) == 100
     assert max(series["series"]["spiky"]["max"]) == 100.0 and series["series"]["spiky"]["last"][-1] == 1.0
     page.goto(f"{train_server.url}/jobs/{long.id}")
-    page.locator('.chart[data-group="spiky"]').get_by_text("spiky max").wait_for()  # drawn as a band
+    chart = page.locator('.chart[data-group="spiky"]')
+    chart.get_by_text("spiky max").wait_for()  # drawn as a band
+    # Zooming asks the server for the zoomed range in finer buckets: here one per report.
+    chart.evaluate("el => el.addEventListener('tf-refined', (e) => { window.__refined = e.detail; })")
+    box = chart.locator(".u-over").bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] * 0.45, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.55, box["y"] + box["height"] / 2, steps=5)
+    page.mouse.up()
+    refined = page.wait_for_function("() => window.__refined", timeout=30_000).json_value()
+    assert refined["buckets"] == refined["reports"] and 300 < refined["reports"] < 1000  # ~10% of 5000
     page.goto(f"{train_server.url}/queue")
     assert "held" in page.locator("main").inner_text()
     for ran in (odd, chatty, long):  # the timeline has a bar for every job that ran
@@ -166,3 +196,51 @@ def test_edge_cases_render_nan_metrics_many_keys_a_long_log_and_many_jobs(train_
     _shot(page, tmp_path, "queue")
     page.goto(f"{train_server.url}/jobs/999999")
     assert "No job 999999" in page.locator("h1").inner_text()
+
+
+def test_compare_groups_jobs_by_a_config_key(train_server, page, tmp_path):
+    jobs = [_trainer(tmp_path, f"cmp-{i}", _gated, workers=1, steps=4, gates="", lr=lr).submit()
+            for i, lr in enumerate((0.1, 0.1, 0.01))]  # fmt: skip
+    for job in jobs:
+        assert job.wait(timeout=120).state == "SUCCEEDED"
+        assert job.client.request("GET", f"/jobs/{job.id}")["config"]["lr"] in (0.1, 0.01)  # recorded at submit
+    page.goto(_dashboard_url(train_server))
+    page.goto(f"{train_server.url}/compare?name=cmp-&metric=loss&group=lr")
+    page.wait_for_function("() => document.getElementById('compare').dataset.drawn >= 1", timeout=30_000)
+    legend = page.locator("#compare .u-legend .u-series")
+    labels = legend.all_inner_texts()
+    for job in jobs:
+        assert any(f"job {job.id} · lr=" in text for text in labels), labels
+    # Jobs with the same value share a colour, the other value has another.
+    colours = {}
+    for job in jobs:
+        marker = legend.filter(has_text=f"job {job.id} ·").locator(".u-marker")
+        colours[job.id] = marker.evaluate("el => getComputedStyle(el).borderColor")
+    assert colours[jobs[0].id] == colours[jobs[1].id] != colours[jobs[2].id]
+    groups = page.locator("table.groups tbody tr").all_inner_texts()
+    assert len(groups) == 2 and groups[0].startswith("0.01\t1\t0.25") and groups[1].startswith("0.1\t2\t0.25")
+    _shot(page, tmp_path, "compare")
+    page.goto(f"{train_server.url}/compare")  # nothing picked: says what to do
+    assert "Pick jobs" in page.locator("#nocompare").inner_text()
+
+
+def test_a_checkpoint_shows_its_size_and_its_resume_command_works(train_server, page, tmp_path):
+    job = _trainer(tmp_path, "ckpt", _checkpointing, workers=1, steps=3).submit()
+    assert job.wait(timeout=120).state == "SUCCEEDED"
+    page.goto(_dashboard_url(train_server))
+    page.goto(f"{train_server.url}/jobs/{job.id}")
+    rows = page.locator("#checkpoints tr")
+    page.wait_for_function("() => document.querySelectorAll('#checkpoints tr').length === 3", timeout=30_000)
+    size = job.client.request("GET", f"/jobs/{job.id}/checkpoints")["checkpoints"][0]["size"]
+    assert 10_000 < size < 11_000  # the weights, the step file and the checkpoint's metadata
+    assert f"{size / 1024:.1f} KB" in rows.first.inner_text()
+    command = rows.first.locator("td.resume code").inner_text()
+    assert command.startswith(f"trainforge retry {job.id} --checkpoint ")
+    rows.first.locator("button.copy").click()  # copies, or selects it where the clipboard is not allowed
+    # The command, as a user pastes it: a new run starting from the first checkpoint (step 0).
+    argv = shlex.split(command)
+    out = subprocess.run([sys.executable, "-m", "trainforge._internal.cli", *argv[1:], "--state-dir", train_server.state_dir],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert job.wait(timeout=120).state == "SUCCEEDED"
+    assert job.client.request("GET", f"/jobs/{job.id}")["last_metrics"] == {"step": 2, "resumed_at": 1}

@@ -167,8 +167,9 @@ def test_submit_streams_the_jobs_output_and_exits_with_its_outcome(train_server,
                                          "RuntimeError: the script failed on purpose")  # fmt: skip
 
     # sys.exit(3): the CLI exits 3.
-    r = tf(d, "submit", END, "3")
+    r = tf(d, "submit", "--config", "lr=0.01", "--config", "opt=adam", "--config", "warm=true", END, "3")
     assert r.returncode == 3, r.stdout + r.stderr
+    assert json.loads(ok(d, "status", "3", "--json"))["config"] == {"lr": 0.01, "opt": "adam", "warm": True}
     assert r.stdout.splitlines()[-1] == "trainforge: job 3 (server_cli_end.py): FAILED: exit code 3"
     assert json.loads(ok(d, "status", "3", "--json"))["exit_code"] == 3
 
@@ -470,3 +471,12 @@ def test_second_detached_start_leaves_the_running_server_alone(tmp_path):
             server.kill()
         except psutil.Error:
             pass
+
+
+def test_flat_config_keeps_scalars_under_slash_joined_keys():
+    from trainforge.server._client import flat_config
+
+    nested = {"lr": 0.1, "model": {"depth": 3, "act": "relu", "sizes": [1, 2]}, "nan": float("nan"),
+              "warm": True, "none": None, "obj": object(), "long": "x" * 2000}  # fmt: skip
+    assert flat_config(nested) == {"lr": 0.1, "model/depth": 3, "model/act": "relu", "warm": True, "none": None}
+    assert len(flat_config({f"k{i}": i for i in range(1000)})) == 500

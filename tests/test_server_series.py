@@ -62,3 +62,34 @@ def test_the_cache_reads_only_what_is_new_and_only_complete_lines(tmp_path):
     assert cache.series(1, str(path), 1)["series"]["loss"] == {"i": [2], "min": [0.5], "max": [2.0], "last": [0.5],
                                                               "t": [102.0]}  # fmt: skip
     assert cache.series(2, str(tmp_path / "missing.jsonl"), 10)["n"] == 0
+
+
+def _reference(values, points, first=0):
+    """The rule, written plainly: consecutive buckets of ceil(n / points) reports."""
+    size = max(1, math.ceil(len(values) / points))
+    out = {"i": [], "min": [], "max": [], "last": []}
+    for start in range(0, len(values), size):
+        chunk = [v for v in values[start : start + size] if v is not None and math.isfinite(v)]
+        out["i"].append(first + min(start + size, len(values)) - 1)
+        out["min"].append(min(chunk) if chunk else None)
+        out["max"].append(max(chunk) if chunk else None)
+        out["last"].append(chunk[-1] if chunk else None)
+    return out
+
+
+@given(values, st.integers(1, 50), st.integers(0, 10**6))
+def test_the_numpy_buckets_equal_the_plain_rule(vs, points, first):
+    assert downsample(vs, points, first=first) == _reference(vs, points, first)
+
+
+@given(st.integers(1, 400), st.integers(0, 450), st.integers(0, 450), st.integers(1, 60))
+def test_a_range_is_the_same_rule_over_those_reports(tmp_path_factory, n, start, end, points):
+    path = tmp_path_factory.mktemp("range") / "events.jsonl"
+    vs = [float((i * 7919) % 101) for i in range(n)]
+    path.write_text("".join(json.dumps({"type": "report", "t": float(i), "metrics": {"v": v}}) + "\n"
+                            for i, v in enumerate(vs)))  # fmt: skip
+    got = SeriesCache().series(1, str(path), points, start=start, end=end)
+    lo, hi = min(start, n), min(end, n - 1)
+    want = _reference(vs[lo : hi + 1], points, first=lo)
+    assert {k: got["series"]["v"][k] for k in want} == want
+    assert got["series"]["v"]["t"] == [float(i) for i in want["i"]]

@@ -45,6 +45,10 @@ _MAX_LOG_CHUNK = 1 << 20
 KindName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:/-]+$")]
 Amount = Annotated[float, Field(ge=0, le=1e15, allow_inf_nan=False)]
 JobId = Annotated[int, Path(ge=0, le=2**62, description="the job's id")]
+ConfigKey = Annotated[str, Field(min_length=1, max_length=200)]
+ConfigValue = Annotated[
+    bool | int | float | Annotated[str, Field(max_length=1000)] | None, Field(union_mode="left_to_right")
+]
 StateName = Literal["QUEUED", "HELD", "STARTING", "RUNNING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED", "LOST"]
 
 
@@ -75,6 +79,9 @@ class JobSpecIn(BaseModel):
     hold: bool = False
     max_retries: int = Field(default=1, ge=0, le=100)
     submission_id: str | None = Field(default=None, min_length=1, max_length=200)
+    config: dict[ConfigKey, ConfigValue] = Field(default_factory=dict, max_length=500, description=(
+        "the job's configuration as flat scalars (nested keys joined by '/'), e.g. the trainer's "
+        "train_loop_config: shown on the job page, and what the compare page groups jobs by"))
 
     @model_validator(mode="after")
     def _kind_fields(self) -> JobSpecIn:
@@ -125,6 +132,7 @@ class JobOut(BaseModel):
     error: str | None
     reports: int
     last_metrics: dict[str, Any] | None
+    config: dict[str, Any]
 
 
 class JobListOut(BaseModel):
@@ -142,6 +150,13 @@ class PatchIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     priority: int | None = Field(default=None, ge=-1_000_000, le=1_000_000)
     hold: bool | None = None
+
+
+class RetryIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    checkpoint: str | None = Field(default=None, min_length=1, max_length=4096, description=(
+        "start the new attempt from this checkpoint (a path or URL, e.g. one of GET /jobs/{id}/checkpoints) "
+        "instead of continuing the last run from its latest one"))
 
 
 class StopIn(BaseModel):
@@ -214,6 +229,7 @@ def job_out(service: JobService, job: st.JobRow) -> JobOut:
         max_retries=job.max_retries, request=request, grant=job.grant, workers=job.workers, gpu_ids=job.gpu_ids,
         pid=job.pid, run_path=job.run_path, exit_code=job.exit_code, failure_class=job.failure_class,
         error=job.error, reports=job.reports, last_metrics=_finite(job.last_metrics),
+        config=_finite(spec.get("config") or {}),
     )  # fmt: skip
 
 
@@ -352,6 +368,26 @@ def _sse_response(events: AsyncIterator[_Event | None]) -> StreamingResponse:
 def _invalid(loc: tuple[str, ...], msg: str) -> RequestValidationError:
     """A 422 in the same shape as the schema's own (``detail``: a list of ``{loc, msg, type}``)."""
     return RequestValidationError([{"type": "value_error", "loc": loc, "msg": msg}])
+
+
+def checkpoint_size(path: str) -> int | None:
+    """Bytes in a checkpoint directory (local or any fsspec URL); None when storage fails to say."""
+    if "://" not in path:
+        total = 0
+        for root, _, files in os.walk(path):
+            for name in files:
+                try:
+                    total += os.path.getsize(os.path.join(root, name))
+                except OSError:
+                    pass
+        return total
+    try:
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(path)
+        return int(fs.du(root))
+    except Exception:  # noqa: BLE001 - remote storage may refuse; the page shows no size then
+        return None
 
 
 def _resume_at(last_event_id: str | None, default: int) -> int:
@@ -527,8 +563,12 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
         return job_out(service, service.stop(job_id, grace_s=body.grace_s, force=body.force))
 
     @app.post(f"{p}/jobs/{{job_id}}/retry", response_model=JobOut, responses=errors)
-    def retry_job(job_id: JobId) -> JobOut:
-        return job_out(service, service.retry(job_id))
+    def retry_job(job_id: JobId, body: Annotated[RetryIn | None, Body()] = None) -> JobOut:
+        checkpoint = body.checkpoint if body else None
+        if checkpoint is not None and "://" not in checkpoint and not os.path.isdir(checkpoint):
+            raise _invalid(("body", "checkpoint"), f"{checkpoint!r} is not a directory on the server's machine: "
+                           f"give one of GET /jobs/{job_id}/checkpoints")  # fmt: skip
+        return job_out(service, service.retry(job_id, checkpoint=checkpoint))
 
     @app.delete(f"{p}/jobs/{{job_id}}", status_code=204, responses=errors)
     def delete_job(job_id: JobId) -> Response:
@@ -657,14 +697,19 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
         job_id: JobId,
         points: Annotated[int, Query(ge=1, le=100_000)] = 2000,
         key: Annotated[list[str] | None, Query(max_length=1000)] = None,
+        start: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        end: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     ) -> dict[str, Any]:
         """Rank 0's metrics as chart series, each cut into at most ``points`` buckets of consecutive
         reports with their ``min``, ``max`` and ``last`` value (NaN/inf/missing: no value; an empty
         bucket is null) and the step index ``i`` and time ``t`` of each bucket's last report; ``n``
         reports in all; ``next_offset``: where the job's event stream goes on from. ``key`` (repeatable)
-        picks keys."""
+        picks keys; ``start``..``end`` (step indices, inclusive) a range, for a chart that zooms."""
         _job_or_404(service, job_id)
-        return series_cache.series(job_id, os.path.join(service.job_dir(job_id), EVENTS_FILE), points, key)
+        if end is not None and end < start:
+            raise HTTPException(422, f"end={end} is before start={start}: give start <= end")
+        path = os.path.join(service.job_dir(job_id), EVENTS_FILE)
+        return series_cache.series(job_id, path, points, key, start, end)
 
     @app.get(f"{p}/jobs/{{job_id}}/usage", responses=errors)
     def usage(job_id: JobId) -> dict[str, Any]:
@@ -674,11 +719,19 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
         _job_or_404(service, job_id)
         return service.usage.usage(job_id)
 
+    sizes: dict[str, int | None] = {}  # a committed checkpoint never changes: its size is read once
+
     @app.get(f"{p}/jobs/{{job_id}}/checkpoints", responses=errors)
     def checkpoints(job_id: JobId) -> dict[str, Any]:
-        """The checkpoints the job's runs reported that are still on storage, oldest first."""
+        """The checkpoints the job's runs reported that are still on storage, oldest first, each
+        with its ``size`` in bytes (None where storage would not say)."""
         rows = [r for r in metrics(job_id, -1, 100_000)["reports"] if r["checkpoint"]]
-        return {"checkpoints": [r for r in rows if "://" in r["checkpoint"] or os.path.exists(r["checkpoint"])]}
+        rows = [r for r in rows if "://" in r["checkpoint"] or os.path.exists(r["checkpoint"])]
+        for r in rows:
+            if r["checkpoint"] not in sizes:
+                sizes[r["checkpoint"]] = checkpoint_size(r["checkpoint"])
+            r["size"] = sizes[r["checkpoint"]]
+        return {"checkpoints": rows}
 
     @app.get(f"{p}/jobs/{{job_id}}/events", response_model=list[EventOut], responses=errors)
     def job_events(

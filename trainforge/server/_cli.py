@@ -62,6 +62,9 @@ def add_commands(sub: Any) -> None:
     submit.add_argument("--hold", action="store_true", help="queue it held (start with `trainforge release ID`)")
     submit.add_argument("--max-retries", type=int, default=1, help="times a lost job is requeued (default 1)")
     submit.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment for the job")
+    submit.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="a configuration value to record with the job (JSON or text; the dashboard's "
+                             "compare page groups jobs by it); repeatable")
     submit.add_argument("--no-wait", action="store_true", help="return once queued")
     _address(submit)
     submit.set_defaults(func=_submit)
@@ -76,10 +79,12 @@ def add_commands(sub: Any) -> None:
         ("status", "one job: state, why it waits, its grant, last metrics", _status),
         ("hold", "keep a queued job from starting", _hold),
         ("release", "let a held job start", _release),
-        ("retry", "queue a failed or stopped job again (from its latest checkpoint)", _retry),
+        ("retry", "queue an ended job again (from its latest checkpoint, or --checkpoint PATH)", _retry),
     ):
         p = sub.add_parser(verb, help=helptext)
         p.add_argument("job_id", type=int)
+        if verb == "retry":
+            p.add_argument("--checkpoint", help="start a new run from this checkpoint (see the job page)")
         _address(p)
         if verb == "status":
             _json(p)
@@ -278,10 +283,21 @@ def _submit(args: Any) -> int:
         if not sep:
             raise SystemExit(f"trainforge submit: --env {item!r}: write KEY=VALUE")
         env[key] = value
+    config: dict[str, Any] = {}
+    for item in args.config:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"trainforge submit: --config {item!r}: write KEY=VALUE, e.g. --config lr=0.01")
+        try:
+            config[key] = json.loads(value)
+        except ValueError:
+            config[key] = value
+        if isinstance(config[key], (dict, list)):
+            raise SystemExit(f"trainforge submit: --config {item!r}: give one number, true/false or text")
     spec: dict[str, Any] = {
         "workers": low, "per_worker": per_worker, "priority": args.priority, "hold": args.hold,
         "max_retries": args.max_retries, "env": env, "cwd": os.getcwd(), "args": list(args.args),
-        "sys_path": [os.getcwd()],
+        "sys_path": [os.getcwd()], "config": config,
     }  # fmt: skip
     if high is not None:
         spec["max_workers"] = high
@@ -397,7 +413,7 @@ def _release(args: Any) -> int:
 
 
 def _retry(args: Any) -> int:
-    print(_client(args).job(args.job_id).retry().describe())
+    print(_client(args).job(args.job_id).retry(checkpoint=args.checkpoint).describe())
     return 0
 
 

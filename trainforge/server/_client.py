@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import http.client
 import json as _json
+import math
 import os
 import socket
 import subprocess
@@ -443,8 +444,11 @@ class Job:
     def release(self) -> JobStatus:
         return JobStatus.from_json(self.client.request("PATCH", f"/jobs/{self.id}", json={"hold": False}))
 
-    def retry(self) -> JobStatus:
-        return JobStatus.from_json(self.client.request("POST", f"/jobs/{self.id}/retry"))
+    def retry(self, checkpoint: str | None = None) -> JobStatus:
+        """Queue the ended job again: its last run continues from its latest checkpoint, or a new run
+        starts from ``checkpoint`` (a path or URL from its checkpoints)."""
+        body = {"checkpoint": checkpoint} if checkpoint is not None else None
+        return JobStatus.from_json(self.client.request("POST", f"/jobs/{self.id}/retry", json=body))
 
 
 def start_background_server(state_dir: str | None = None, *, extra_args: list[str] | None = None,
@@ -512,7 +516,31 @@ def _trainer_spec(trainer: Any) -> dict[str, Any]:
     }
     if scaling.max_workers != scaling.min_workers:
         spec["max_workers"] = scaling.max_workers
+    config = flat_config(getattr(trainer, "train_loop_config", None) or {})
+    if config:
+        spec["config"] = config
     return spec
+
+
+def flat_config(config: dict[str, Any], limit: int = 500) -> dict[str, Any]:
+    """A job's configuration as the server keeps it: nested dicts flattened to ``a/b`` keys, only
+    JSON scalars (finite numbers, short strings, booleans, None), at most ``limit`` keys."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if len(out) >= limit:
+            return
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}/{k}" if prefix else str(k), v)
+        elif value is None or isinstance(value, (bool, int)) or (isinstance(value, str) and len(value) <= 1000):
+            out[prefix] = value
+        elif isinstance(value, float) and math.isfinite(value):
+            out[prefix] = value
+
+    walk("", config)
+    out.pop("", None)
+    return {k: v for k, v in out.items() if len(k) <= 200}
 
 
 def submit_trainer(

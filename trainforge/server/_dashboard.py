@@ -5,7 +5,8 @@ data is in the page, so it paints without waiting for a script), plus one small 
 Content-Security-Policy of ``'self'``; the pages use nothing inline.
 
 Pages: ``/`` the jobs (filters, keyset paging, row actions), ``/jobs/{id}`` one job (a live chart per
-metric, logs per rank, events, checkpoints, spec), ``/queue`` the queue and who holds what.
+metric, logs per rank, events, checkpoints, spec), ``/queue`` the queue and who holds what,
+``/compare`` one metric across jobs, grouped by a configuration key.
 
 Authentication is the API's: opening ``/?token=...`` (the URL ``trainforge server start`` prints)
 sets an HttpOnly, SameSite=Strict cookie that the pages and their requests then carry (see
@@ -19,6 +20,7 @@ import json
 import os
 import time
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from fastapi import Query
 from fastapi.responses import HTMLResponse, Response
@@ -176,12 +178,44 @@ def timeline(service: JobService, hours: float, now: float, width: int = 1000) -
     return "".join(parts)
 
 
+COMPARE_MAX_JOBS = 50
+
+
+def _group_value(job: dict[str, Any], group: str | None) -> str:
+    if not group:
+        return ""
+    value = (job.get("config") or {}).get(group, "—")
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def compare_summary(jobs: list[dict[str, Any]], metric: str | None, group: str | None) -> str:
+    """Per value of the grouping key: its jobs and the mean, best and worst of their last ``metric``."""
+    if not jobs or not metric:
+        return ""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for job in jobs:
+        groups.setdefault(_group_value(job, group), []).append(job)
+    rows = []
+    for value, members in sorted(groups.items()):
+        last = [v for j in members if isinstance(v := (j.get("last_metrics") or {}).get(metric), (int, float))
+                and not isinstance(v, bool)]  # fmt: skip
+        stats = (f"<td class=num>{sum(last) / len(last):.4g}</td><td class=num>{min(last):.4g}</td>"
+                 f"<td class=num>{max(last):.4g}</td>") if last else "<td>—</td><td>—</td><td>—</td>"  # fmt: skip
+        links = ", ".join(f'<a href="/jobs/{j["id"]}">{j["id"]}</a>' for j in members)
+        rows.append(f"<tr><td>{_e(value) if group else 'all'}</td><td class=num>{len(members)}</td>{stats}<td>{links}</td></tr>")
+    return (
+        f"<table class=groups><thead><tr><th>{_e(group or '')}</th><th>Jobs</th><th>Mean last {_e(metric)}</th>"
+        f"<th>Min</th><th>Max</th><th>Job ids</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
 def page(title: str, body: str, *, kind: str, data: dict[str, Any] | None = None) -> HTMLResponse:
     """A page: the shared header, ``body``, the page's data for the script (a JSON attribute)."""
     payload = _e(json.dumps(data or {}, allow_nan=False, default=str))
     nav = "".join(
         f'<a href="{href}"{" class=here" if kind == k else ""}>{label}</a>'
-        for k, href, label in (("jobs", "/", "Jobs"), ("queue", "/queue", "Queue &amp; resources"))
+        for k, href, label in (("jobs", "/", "Jobs"), ("queue", "/queue", "Queue &amp; resources"),
+                               ("compare", "/compare", "Compare"))
     )
     text = (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
@@ -230,8 +264,11 @@ def mount(app: FastAPI, service: JobService) -> None:
         )
         totals = service.usage.totals()
         table = "".join(job_row(j, now, totals.get(j["id"])) for j in jobs) or '<tr class=empty><td colspan=12>No jobs yet. Submit one with <code>trainforge submit</code> or <code>trainer.submit()</code>.</td></tr>'
-        query = "".join(f"&state={s}" for s in states or []) + (f"&name={_e(name)}" if name else "")
+        query = "".join(f"&state={s}" for s in states or []) + (f"&name={_e(quote(name))}" if name else "")
         more_link = f'<a class=more href="/?before={rows[-1].id}{query}">Older jobs →</a>' if more else ""
+        if name and rows:
+            more_link += f' <a class=more href="/compare?name={_e(quote(name))}">Compare these jobs →</a>'
+
         free = service.free()
         cap = service.capacity
         summary = " · ".join(f"{k}: {cap.get(k, 0) - free.get(k, 0):g}/{cap.get(k, 0):g} used" for k in sorted(cap))
@@ -278,7 +315,7 @@ def mount(app: FastAPI, service: JobService) -> None:
             "<pre id=log class=log></pre></section>"
             "<section><h2>Events</h2><table class=events><thead><tr><th>#</th><th>When</th><th>Event</th><th>Detail</th></tr></thead>"
             "<tbody id=events></tbody></table></section>"
-            "<section><h2>Checkpoints</h2><table class=checkpoints><thead><tr><th>Report</th><th>Metrics</th><th>Path</th></tr></thead>"
+            "<section><h2>Checkpoints</h2><table class=checkpoints><thead><tr><th>Report</th><th>Metrics</th><th>Size</th><th>Path</th><th>Resume from it</th></tr></thead>"
             "<tbody id=checkpoints></tbody></table></section>"
             f"<section><h2>Spec</h2><pre class=spec>{_e(json.dumps(_finite(job.spec), indent=2, default=str))}</pre></section>"
         )
@@ -294,6 +331,59 @@ def mount(app: FastAPI, service: JobService) -> None:
         return HTMLResponse(job_row(_job_json(service, job), time.time(),
                                     service.usage.totals().get(job_id)),
                             headers={"Cache-Control": "no-store"})  # fmt: skip
+
+    @app.get("/compare", response_class=HTMLResponse, include_in_schema=False)
+    def compare_page(
+        job: list[int] | None = Query(None, max_length=COMPARE_MAX_JOBS),  # noqa: B008 - FastAPI's way
+        name: str | None = Query(None, max_length=200),
+        metric: str | None = Query(None, max_length=200),
+        group: str | None = Query(None, max_length=200),
+    ) -> Response:
+        """One metric of several jobs on one chart, coloured by the value of a configuration key,
+        and per value the mean/min/max of the jobs' last value. Jobs: ``job`` (repeatable) or every
+        job whose name contains ``name`` (the newest 50)."""
+        rows = [r for i in dict.fromkeys(job or []) if (r := service.store.get(i)) is not None]
+        if name:
+            rows += service.store.jobs(None, limit=COMPARE_MAX_JOBS, name=name)
+        chosen = [_job_json(service, r) for r in {r.id: r for r in rows}.values()][:COMPARE_MAX_JOBS]
+        metrics = sorted({k for j in chosen for k in (j.get("last_metrics") or {})})
+        keys = sorted({k for j in chosen for k in (j.get("config") or {})})
+        metric = metric if metric in metrics else (metrics[0] if metrics else None)
+        group = group if group in keys else None
+        picked = {j["id"] for j in chosen}
+        recent = [_job_json(service, r) for r in service.store.jobs(None, limit=100)]
+        choices = "".join(
+            f'<label class=pick><input type=checkbox name=job value="{j["id"]}"{" checked" if j["id"] in picked else ""}>'
+            f'{j["id"]} {_e(j["name"])} <span class="state s-{_e(j["state"])}">{_e(j["state"])}</span></label>'
+            for j in chosen + [r for r in recent if r["id"] not in picked]
+        ) or "<p class=empty>No jobs yet.</p>"
+        options = "".join(f'<option{" selected" if m == metric else ""}>{_e(m)}</option>' for m in metrics)
+        group_options = "<option value=''>(none)</option>" + "".join(
+            f'<option{" selected" if k == group else ""}>{_e(k)}</option>' for k in keys
+        )
+        form = (
+            "<form class=compare method=get action=/compare>"
+            f"<label>metric <select name=metric>{options}</select></label>"
+            f"<label>group by <select name=group>{group_options}</select></label>"
+            f'<label>or jobs named <input name=name value="{_e(name or "")}" placeholder="name contains"></label>'
+            "<button>Compare</button><details><summary>Pick jobs</summary>"
+            f"<div class=picker>{choices}</div></details></form>"
+        )
+        if not chosen:
+            chart = "<p class=empty id=nocompare>Pick jobs to compare (or give a name they share).</p>"
+        elif not metric:
+            chart = "<p class=empty id=nocompare>These jobs have not reported any metric yet.</p>"
+        else:
+            chart = ("<div class=chart-controls><label><input type=checkbox id=logscale> log scale</label></div>"
+                     "<div id=compare class=charts></div>")  # fmt: skip
+        for j in chosen:
+            j["group"] = _group_value(j, group)
+        body = (
+            f"<h1>Compare</h1>{form}<section><h2>{_e(metric or '')}"
+            f"{' by ' + _e(group) if group else ''}</h2>{chart}{compare_summary(chosen, metric, group)}</section>"
+        )
+        slim = [{k: j[k] for k in ("id", "name", "state", "group")} for j in chosen]
+        return page("Compare", body, kind="compare", data={"jobs": slim, "metric": metric, "group": group})
 
     @app.get("/queue", response_class=HTMLResponse, include_in_schema=False)
     def queue_page(hours: float = Query(6.0, gt=0, le=24 * 30)) -> Response:

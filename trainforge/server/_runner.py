@@ -62,6 +62,21 @@ def _load_trainer(job_dir: str, spec: dict[str, Any]) -> Any:
                 f"{spec['target']}() returned {trainer!r}, not a trainer: return a DataParallelTrainer "
                 "(or TorchTrainer, ...) without calling fit() on it."
             )
+    if spec.get("resume_checkpoint"):
+        # Retried from a chosen checkpoint: a new run (a run directory of its own: one that exists would
+        # continue from its own latest checkpoint) that starts from it.
+        import dataclasses
+        import time
+
+        from trainforge import Checkpoint
+
+        base = trainer.run_config.name or type(trainer).__name__
+        name = f"{base}-from-{os.path.basename(spec['resume_checkpoint'].rstrip('/'))}-{time.strftime('%Y%m%d-%H%M%S')}"
+        trainer.run_config = dataclasses.replace(trainer.run_config, name=name)
+        trainer.resume_from_checkpoint = Checkpoint(spec["resume_checkpoint"])
+        print(f"trainforge job {os.environ.get('TRAINFORGE_JOB_ID')}: new run {name} starting from checkpoint "
+              f"{spec['resume_checkpoint']}", flush=True)  # fmt: skip
+        return trainer
     resume = spec.get("resume_run_path")
     if resume and type(trainer).can_restore(resume):
         # A requeued job (its runner was lost): continue the interrupted run from its latest checkpoint.

@@ -341,14 +341,29 @@ class JobService:
                 self._schedule()
             return self.get(job_id)
 
-    def retry(self, job_id: int) -> st.JobRow:
-        """Queue a finished job again; a trainer job continues its last run from its latest checkpoint."""
+    def retry(self, job_id: int, checkpoint: str | None = None) -> st.JobRow:
+        """Queue a finished job again; a trainer job continues its last run from its latest checkpoint,
+        or starts a new run from ``checkpoint`` (its ``resume_from_checkpoint``) when one is given."""
         with self._lock:
             job = self.get(job_id)
-            if job.state not in (st.FAILED, st.STOPPED):
-                raise ConflictError(f"job {job_id} is {job.state}: only a FAILED or STOPPED job can be retried")
+            if job.state not in (st.FAILED, st.STOPPED, st.SUCCEEDED):
+                raise ConflictError(
+                    f"job {job_id} is {job.state}: only a job that has ended (FAILED, STOPPED or SUCCEEDED) "
+                    "can be retried"
+                )
+            if job.state == st.SUCCEEDED and checkpoint is None:
+                raise ConflictError(f"job {job_id} SUCCEEDED: retry it from one of its checkpoints (checkpoint=...)")
+            if checkpoint is not None and job.kind == "script":
+                raise ConflictError(
+                    f"job {job_id} runs a script, which builds its own trainer: pass the checkpoint to its "
+                    f"resume_from_checkpoint (trainforge.Checkpoint({checkpoint!r})) and submit it again"
+                )
             spec = dict(job.spec)
-            if job.run_path:
+            spec.pop("resume_run_path", None)
+            spec.pop("resume_checkpoint", None)
+            if checkpoint is not None:
+                spec["resume_checkpoint"] = checkpoint
+            elif job.run_path:
                 spec["resume_run_path"] = job.run_path
             self.store.update(job_id, "retry", None, state=st.QUEUED, ended_at=None, spec=spec)
             self._requeue(job_id)

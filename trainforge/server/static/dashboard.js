@@ -159,6 +159,7 @@ class Charts {
     this.banded = false; // some bucket holds more than one report: draw min/max faintly
     this.charts = new Map(); // group -> {plot, keys, el}
     this.dirty = false;
+    this.refined = null; // {el, t0}: a zoom's finer data to announce once drawn
     this.x = "step";
     this.log = false;
     this.smooth = 0;
@@ -274,6 +275,14 @@ class Charts {
         return `${k}: ${last === null || last === undefined ? "—" : Number(last).toPrecision(5)}`;
       }).join("   ");
     }
+    if (this.refined) {
+      const { el, t0, buckets, reports } = this.refined;
+      this.refined = null;
+      // After the frame that paints it: uPlot draws on a microtask after setData.
+      requestAnimationFrame(() => el.dispatchEvent(new CustomEvent("tf-refined", {
+        detail: { ms: performance.now() - t0, buckets, reports },
+      })));
+    }
   }
 
   create(group, keys) {
@@ -304,7 +313,11 @@ class Charts {
       axes: [{}, { size: 60 }],
       cursor: { drag: { x: true, y: false } },
       legend: { live: true },
-      hooks: { setSelect: [(u) => { if (u.select.width > 0) chart.zoomed = true; }] },
+      hooks: { setSelect: [(u) => {
+        if (u.select.width <= 0) return;
+        chart.zoomed = true;
+        this.refine(chart, u.posToVal(u.select.left, "x"), u.posToVal(u.select.left + u.select.width, "x"));
+      }] },
     };
     chart.plot = new uPlot(opts, series.map(() => []), el);
     el.addEventListener("dblclick", () => { chart.zoomed = false; this.schedule(); }); // uPlot resets the zoom
@@ -312,6 +325,41 @@ class Charts {
     this.observer.observe(el);
     this.charts.set(group, chart);
     return chart;
+  }
+
+  // A zoom into downsampled buckets asks the server for that range of reports cut into finer
+  // buckets and splices them in place of the coarse ones, so zooming into a million reports ends
+  // on the reports themselves. The chart's element then gets a "tf-refined" event (its detail: ms
+  // from the mouse release to the finer data drawn).
+  async refine(chart, from, to) {
+    if (!this.banded) return;
+    const t0 = performance.now();
+    const xs = this.x === "time" ? this.times : this.steps;
+    let a = xs.findIndex((x) => x !== null && x >= from);
+    let b = xs.length - 1;
+    while (b > 0 && (xs[b] === null || xs[b] > to)) b--;
+    if (a < 0 || b < a) return;
+    a = Math.max(0, a - 1); b = Math.min(xs.length - 1, b + 1); // the buckets at the edges too
+    const lo = a > 0 ? this.steps[a - 1] + 1 : 0;
+    const hi = this.steps[b];
+    if (hi - lo + 1 <= b - a + 1) return; // already one bucket per report there
+    const points = Math.max(200, 2 * chart.plot.width);
+    const s = await api("GET", `/jobs/${pageData.job.id}/series?start=${lo}&end=${hi}&points=${points}`);
+    if (this.steps[a] === undefined || this.steps[b] !== hi) return; // replaced by a newer refine
+    const keys = Object.keys(s.series);
+    const first = keys.length ? s.series[keys[0]] : { i: [], t: [] };
+    const count = b - a + 1;
+    this.steps.splice(a, count, ...first.i);
+    this.times.splice(a, count, ...first.t.map((t) => t ?? null));
+    const empty = new Array(first.i.length).fill(null);
+    for (const [key, c] of this.series) {
+      const f = s.series[key] || { last: empty, min: empty, max: empty };
+      c.last.splice(a, count, ...f.last);
+      c.min.splice(a, count, ...f.min);
+      c.max.splice(a, count, ...f.max);
+    }
+    this.refined = { el: chart.el, t0, buckets: first.i.length, reports: hi - lo + 1 };
+    this.schedule();
   }
 
   rebuild() {
@@ -356,6 +404,22 @@ async function loadEvents() {
   }));
 }
 
+function bytes(n) {
+  if (n === null || n === undefined) return "—";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return `${i ? n.toFixed(1) : n} ${units[i]}`;
+}
+
+// The command that resumes from a checkpoint: a trainer or function job is retried from it by the
+// server; a script builds its own trainer, so the line to put in it.
+function resumeCommand(job, path) {
+  const quoted = `'${path.replaceAll("'", "'\\''")}'`;
+  if (job.kind === "script") return `resume_from_checkpoint=trainforge.Checkpoint(${JSON.stringify(path)})`;
+  return `trainforge retry ${job.id} --checkpoint ${quoted}`;
+}
+
 async function loadCheckpoints() {
   const id = pageData.job.id;
   const { checkpoints } = await api("GET", `/jobs/${id}/checkpoints`);
@@ -363,13 +427,28 @@ async function loadCheckpoints() {
   body.replaceChildren(...checkpoints.map((c) => {
     const tr = document.createElement("tr");
     const metrics = Object.entries(c.metrics || {}).slice(0, 6).map(([k, v]) => `${k}=${v}`).join(" ");
-    const resume = `Checkpoint("${c.checkpoint}")  # resume_from_checkpoint=`;
-    for (const text of [c.index, metrics, c.checkpoint]) {
+    for (const text of [c.index, metrics, bytes(c.size), c.checkpoint]) {
       const td = document.createElement("td");
       td.textContent = text;
       tr.appendChild(td);
     }
-    tr.title = resume;
+    const td = document.createElement("td");
+    td.className = "resume";
+    const code = document.createElement("code");
+    code.textContent = resumeCommand(pageData.job, c.checkpoint);
+    const copy = document.createElement("button");
+    copy.textContent = "Copy";
+    copy.className = "copy";
+    copy.addEventListener("click", async () => {
+      try {
+        await navigator.clipboard.writeText(code.textContent);
+        notice("Copied: " + code.textContent);
+      } catch {
+        getSelection().selectAllChildren(code); // no clipboard access: select it for Ctrl-C
+      }
+    });
+    td.append(code, copy);
+    tr.appendChild(td);
     return tr;
   }));
 }
@@ -483,5 +562,48 @@ function jobPage() {
   logs(() => ended);
 }
 
+// -- compare page -------------------------------------------------------------------------------------
+// One metric of several jobs on one chart (x: the step index), each job coloured by the value of the
+// grouping key, so jobs that share a value share a colour; running jobs refresh every 3 s.
+function comparePage() {
+  const box = document.getElementById("compare");
+  if (!box) return;
+  const { jobs, metric, group } = pageData;
+  const values = [...new Set(jobs.map((j) => j.group))];
+  const colorOf = (j) => COLORS[values.indexOf(j.group) % COLORS.length];
+  let plot = null;
+  let log = false;
+  const draw = async () => {
+    const tables = await Promise.all(jobs.map(async (j) => {
+      const s = await api("GET", `/jobs/${j.id}/series?key=${encodeURIComponent(metric)}&points=1000`);
+      const b = s.series[metric] || { i: [], last: [] };
+      return [b.i, b.last];
+    }));
+    const data = uPlot.join(tables);
+    const series = [{ label: "step" }, ...jobs.map((j) => ({
+      label: `job ${j.id}${group ? ` · ${group}=${j.group}` : ""}`, stroke: colorOf(j), width: 1.5, spanGaps: true,
+    }))];
+    if (!plot) {
+      const width = Math.max(320, Math.min(1000, box.clientWidth - 16));
+      plot = new uPlot({
+        width, height: 320, series, scales: { x: { time: false }, y: log ? { distr: 3 } : {} },
+        axes: [{}, { size: 60 }], cursor: { drag: { x: true, y: false } }, legend: { live: true },
+      }, data, box);
+      box.dataset.jobs = String(jobs.length);
+    } else {
+      plot.setData(data, true);
+    }
+    box.dataset.drawn = String((box.dataset.drawn | 0) + 1);
+  };
+  document.getElementById("logscale").addEventListener("change", (e) => {
+    log = e.target.checked;
+    if (plot) { plot.destroy(); plot = null; }
+    draw();
+  });
+  draw();
+  if (jobs.some((j) => !TERMINAL.has(j.state))) setInterval(draw, 3000);
+}
+
 if (kind === "jobs") jobsPage();
+else if (kind === "compare") comparePage();
 else if (kind === "job" && pageData.job) jobPage();
