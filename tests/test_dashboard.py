@@ -42,7 +42,8 @@ def _gated(config):
         gate = os.path.join(config["gates"], f"gate_{step}")
         while config.get("gates") and not os.path.exists(gate):
             time.sleep(0.01)
-        metrics = {"step": step, "loss": 1.0 / (step + 1), "val_loss": 1.2 / (step + 1)}
+        scale = config.get("scale", 1.0)
+        metrics = {"step": step, "loss": scale / (step + 1), "val_loss": 1.2 * scale / (step + 1)}
         metrics.update(config.get("extra", {}))
         trainforge.report(metrics)
 
@@ -199,8 +200,8 @@ def test_edge_cases_render_nan_metrics_many_keys_a_long_log_and_many_jobs(train_
 
 
 def test_compare_groups_jobs_by_a_config_key(train_server, page, tmp_path):
-    jobs = [_trainer(tmp_path, f"cmp-{i}", _gated, workers=1, steps=4, gates="", lr=lr).submit()
-            for i, lr in enumerate((0.1, 0.1, 0.01))]  # fmt: skip
+    jobs = [_trainer(tmp_path, f"cmp-{i}", _gated, workers=1, steps=4, gates="", lr=lr, scale=scale).submit()
+            for i, (lr, scale) in enumerate(((0.1, 1.0), (0.1, 1.2), (0.01, 2.0)))]  # fmt: skip
     for job in jobs:
         assert job.wait(timeout=120).state == "SUCCEEDED"
         assert job.client.request("GET", f"/jobs/{job.id}")["config"]["lr"] in (0.1, 0.01)  # recorded at submit
@@ -218,7 +219,7 @@ def test_compare_groups_jobs_by_a_config_key(train_server, page, tmp_path):
         colours[job.id] = marker.evaluate("el => getComputedStyle(el).borderColor")
     assert colours[jobs[0].id] == colours[jobs[1].id] != colours[jobs[2].id]
     groups = page.locator("table.groups tbody tr").all_inner_texts()
-    assert len(groups) == 2 and groups[0].startswith("0.01\t1\t0.25") and groups[1].startswith("0.1\t2\t0.25")
+    assert [g.split("\t")[:5] for g in groups] == [["0.01", "1", "0.5", "0.5", "0.5"], ["0.1", "2", "0.275", "0.25", "0.3"]]
     _shot(page, tmp_path, "compare")
     page.goto(f"{train_server.url}/compare")  # nothing picked: says what to do
     assert "Pick jobs" in page.locator("#nocompare").inner_text()

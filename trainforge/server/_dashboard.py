@@ -204,8 +204,9 @@ def compare_summary(jobs: list[dict[str, Any]], metric: str | None, group: str |
         links = ", ".join(f'<a href="/jobs/{j["id"]}">{j["id"]}</a>' for j in members)
         rows.append(f"<tr><td>{_e(value) if group else 'all'}</td><td class=num>{len(members)}</td>{stats}<td>{links}</td></tr>")
     return (
-        f"<table class=groups><thead><tr><th>{_e(group or '')}</th><th>Jobs</th><th>Mean last {_e(metric)}</th>"
-        f"<th>Min</th><th>Max</th><th>Job ids</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        f"<table class=groups><thead><tr><th>{_e(group or '')}</th><th class=num>Jobs</th>"
+        f"<th class=num>Mean last {_e(metric)}</th><th class=num>Min</th><th class=num>Max</th><th>Job ids</th>"
+        f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
 
 
