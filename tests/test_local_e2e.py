@@ -7,6 +7,7 @@ import asyncio
 import os
 import stat
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -520,3 +521,32 @@ def test_sys_path_of_driver_is_used_by_workers(tmp_path, executor):
     finally:
         sys.path.remove(str(mod))
         sys.modules.pop("my_helper_mod", None)
+
+
+def test_fit_iter_stop_from_another_thread_ends_the_run_as_it_stands(tmp_path, executor):
+    """TrainingIterator.stop() (what a tuner's scheduler uses): the workers go, the iteration ends,
+    the result keeps the reports so far, and the run directory says it was stopped."""
+    import json
+    import threading
+
+    def loop():
+        i = 0
+        while True:  # never ends by itself
+            train.report({"i": i})
+            i += 1
+            time.sleep(0.05)
+
+    trainer = DataParallelTrainer(
+        loop, scaling_config=ScalingConfig(num_workers=2, executor=executor),
+        run_config=RunConfig(name="stopped", storage_path=str(tmp_path), verbose=0),
+    )  # fmt: skip
+    run = trainer.fit_iter()
+    seen = []
+    for report in run:
+        seen.append(report.index)
+        if report.index == 2:
+            threading.Thread(target=run.stop).start()
+    assert seen[:3] == [0, 1, 2]
+    assert run.result is not None and run.result.error is None and run.result.metrics["i"] == seen[-1]
+    with open(tmp_path / "stopped" / "run_state.json") as f:
+        assert json.load(f)["status"] == "stopped"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -141,6 +142,7 @@ class Controller:
         initial_checkpoint: Checkpoint | None = None,
         scaling_policy: ScalingPolicy | None = None,
         hang_timeout_s: float | None = None,
+        stop_event: threading.Event | None = None,
     ):
         self.hooks = hooks
         self.backend = backend
@@ -163,11 +165,16 @@ class Controller:
         self._resize_to: int | None = None
         self._waiting_since: float | None = None
         self.sizes: list[int] = []  # group size of every attempt, for inspection
+        self.stop_event = stop_event  # set from any thread: end the run at the next step
+        self.stopped = False
 
     # -- the loop ---------------------------------------------------------------------------------
     def run_iter(self) -> Iterator[TrainingReport]:
         try:
             while self.state not in (RunState.FINISHED, RunState.ERRORED):
+                if self.stop_event is not None and self.stop_event.is_set():
+                    self._stop_requested()
+                    break
                 self.step()
                 out, self._out = self._out, []
                 yield from out
@@ -177,6 +184,14 @@ class Controller:
                 self.metrics.flush()
             except StorageError as exc:
                 logger.warning("could not write the metrics history: %s", exc)
+
+    def _stop_requested(self) -> None:
+        """``TrainingIterator.stop()``: the workers go (SIGTERM, then SIGKILL), reports not every
+        rank made are dropped, and the run ends as it stands."""
+        self._stop_group(graceful=False)
+        self._discard_incomplete()
+        self.stopped = True
+        self._transition(RunState.FINISHED)
 
     def step(self) -> None:
         """Advance one iteration; a no-op once FINISHED or ERRORED."""

@@ -49,9 +49,19 @@ class TrainingIterator:
         result = run.result
     """
 
-    def __init__(self, gen: Generator[TrainingReport, None, Result]):
+    def __init__(self, gen: Generator[TrainingReport, None, Result], stop_event: threading.Event | None = None):
         self._gen = gen
+        self._stop_event = stop_event
         self.result: Result | None = None
+
+    def stop(self) -> None:
+        """Ask the run to end now; callable from any thread (``close()`` is not: it must run in the
+        thread iterating). The controller stops the workers at its next poll (SIGTERM, SIGKILL a
+        second later), discards reports not every rank made, and the iteration ends; ``.result`` is
+        then the run so far (its latest committed checkpoint, ``error`` None), and its run
+        directory says "stopped" (a later ``fit()`` or ``restore()`` of it continues from there)."""
+        if self._stop_event is not None:
+            self._stop_event.set()
 
     def __iter__(self) -> TrainingIterator:
         return self
@@ -202,7 +212,8 @@ class DataParallelTrainer:
     def fit_iter(self) -> TrainingIterator:
         """Like :meth:`fit`, but yields each report as it arrives (see :class:`TrainingIterator`).
         A failure does not raise here: it is in ``.result.error``."""
-        return TrainingIterator(self._run())
+        stop = threading.Event()
+        return TrainingIterator(self._run(stop), stop)
 
     def submit(
         self,
@@ -400,12 +411,12 @@ class DataParallelTrainer:
 
         return make
 
-    def _run(self) -> Generator[TrainingReport, None, Result]:
+    def _run(self, stop: threading.Event | None = None) -> Generator[TrainingReport, None, Result]:
         # trainforge's warnings (restarts, storage retries, ...) as console lines while the run goes.
         with console_warnings(self.run_config.verbose >= 1):
-            return (yield from self._run_steps())
+            return (yield from self._run_steps(stop))
 
-    def _run_steps(self) -> Generator[TrainingReport, None, Result]:
+    def _run_steps(self, stop: threading.Event | None = None) -> Generator[TrainingReport, None, Result]:
         from trainforge._internal.job_events import job_events_callback
         from trainforge._internal.scaling_policy import ScalingPolicy
 
@@ -443,6 +454,7 @@ class DataParallelTrainer:
             initial_checkpoint=self.resume_from_checkpoint,
             scaling_policy=ScalingPolicy(self.scaling_config, executor.available, executor.name),
             hang_timeout_s=rc.failure_config.hang_timeout_s,
+            stop_event=stop,
         )
         hooks.on_failure = functools.partial(self._record_failures, storage, log_dir, controller)
         self._save_state(storage, "running")
@@ -455,7 +467,7 @@ class DataParallelTrainer:
         interrupted = False
         try:
             yield from controller.run_iter()
-            status = "errored" if controller.error is not None else "finished"
+            status = "errored" if controller.error is not None else "stopped" if controller.stopped else "finished"
         except KeyboardInterrupt:
             interrupted = True  # raised again below, once the workers are stopped, from here
         finally:
