@@ -1,3 +1,5 @@
 """Search algorithms: the default random/grid generator, a concurrency limiter; Optuna in ``.optuna``."""
 
-__all__: list[str] = []
+from trainforge.tune.search._searcher import BasicVariantGenerator, ConcurrencyLimiter, Searcher
+
+__all__: list[str] = ["BasicVariantGenerator", "ConcurrencyLimiter", "Searcher"]

@@ -1,0 +1,78 @@
+"""``TuneConfig`` and tune's ``RunConfig`` (train's, plus ``stop``), validated on construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from trainforge import RunConfig as TrainRunConfig
+
+
+def _bad(cls: str, field: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"{cls}.{field}={value!r} is not valid: {allowed}.")
+
+
+@dataclass
+class TuneConfig:
+    """How to search (Ray Tune's ``TuneConfig``).
+
+    ``metric``/``mode``: what "best" means ("min" or "max"), for the searcher, the scheduler and
+    ``ResultGrid.get_best_result()``. ``num_samples``: trials to run (each grid point that many times).
+    ``max_concurrent_trials``: an optional cap; without it, as many trials run at once as their
+    workers fit on the machine (a trial starts only when all its workers fit). ``time_budget_s``:
+    after that many seconds every trial is stopped (they end TERMINATED, not errored).
+
+    Example::
+
+        TuneConfig(metric="loss", mode="min", num_samples=20, scheduler=ASHAScheduler())
+    """
+
+    metric: str | None = None
+    mode: str | None = None
+    search_alg: Any = None
+    scheduler: Any = None
+    num_samples: int = 1
+    max_concurrent_trials: int | None = None
+    time_budget_s: float | None = None
+    reuse_actors: bool = False
+    trial_name_creator: Any = None
+    trial_dirname_creator: Any = None
+
+    def __post_init__(self) -> None:
+        if self.mode is not None and self.mode not in ("min", "max"):
+            raise _bad("TuneConfig", "mode", self.mode, 'use "min" or "max"')
+        if self.metric is not None and not isinstance(self.metric, str):
+            raise _bad("TuneConfig", "metric", self.metric, "use the name of a reported metric (a str)")
+        n = self.num_samples
+        if isinstance(n, bool) or not isinstance(n, int) or (n < 1 and n != -1):
+            raise _bad("TuneConfig", "num_samples", n, "use an integer >= 1 (-1: until the searcher stops)")
+        c = self.max_concurrent_trials
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+            raise _bad("TuneConfig", "max_concurrent_trials", c, "use None (as many as fit) or an integer >= 1")
+        t = self.time_budget_s
+        if hasattr(t, "total_seconds"):  # a datetime.timedelta, as Ray accepts
+            self.time_budget_s = t = float(getattr(t, "total_seconds")())  # noqa: B009
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
+            raise _bad("TuneConfig", "time_budget_s", t, "use None or a number of seconds > 0")
+        for name in ("trial_name_creator", "trial_dirname_creator"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise _bad("TuneConfig", name, value, "use a function taking the trial and returning a str")
+
+
+@dataclass
+class RunConfig(TrainRunConfig):
+    """Train's :class:`trainforge.RunConfig` plus ``stop``: a dict ``{metric: value}`` (a trial stops
+    at its first result with ``result[metric] >= value``), a function ``(trial_id, result) -> bool``
+    or a :class:`trainforge.tune.Stopper`. Every trial's run directory is
+    ``{storage_path}/{name}/{trial}``; ``checkpoint_config`` and ``failure_config`` apply to each trial
+    (a failing trial is retried from its latest checkpoint ``max_failures`` times)."""
+
+    stop: Any = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from trainforge.tune._stopper import make_stopper
+
+        make_stopper(self.stop)  # raises ValueError naming a bad value now, not at the first result
