@@ -108,7 +108,7 @@ class ExperimentStore:
 
     def save_state(self, state: dict[str, Any]) -> None:
         state = {**state, "saved_at": time.time()}
-        self.write(STATE_FILE, json.dumps(_jsonable(state), indent=1).encode())
+        self.write(STATE_FILE, json.dumps(_jsonable(state), separators=(",", ":")).encode())
 
     def load_state(self) -> dict[str, Any] | None:
         data = self.read(STATE_FILE)
