@@ -36,10 +36,12 @@ logger = logging.getLogger(__name__)
 
 Path = tuple[Any, ...]
 
+# Search spaces of other libraries, by the leading parts of their classes' module names (as tuples:
+# this module names Ray's packages only to recognise them, it never imports them).
 _FOREIGN = (
-    ("ray.tune", "a Ray Tune search space"),
-    ("hyperopt", "a hyperopt search space (hp.*)"),
-    ("optuna.distributions", "an Optuna distribution"),
+    (("ray", "tune"), "a Ray Tune search space"),
+    (("hyperopt",), "a hyperopt search space (hp.*)"),
+    (("optuna", "distributions"), "an Optuna distribution"),
 )
 
 
@@ -70,9 +72,9 @@ def normalize_num_samples(num_samples: Any) -> int:
 
 def _foreign_kind(obj: Any) -> str | None:
     for cls in type(obj).__mro__:
-        module = getattr(cls, "__module__", None) or ""
+        parts = tuple((getattr(cls, "__module__", None) or "").split("."))
         for prefix, what in _FOREIGN:
-            if module == prefix or module.startswith(prefix + "."):
+            if parts[: len(prefix)] == prefix:
                 return what
     return None
 
