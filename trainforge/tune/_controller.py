@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import math
 import queue
 import threading
 import time
@@ -27,12 +26,10 @@ from trainforge.tune._experiment import ERROR, PENDING, RUNNING, TERMINATED, Exp
 from trainforge.tune._trainable import is_trainer, make_trial_trainer, trial_resources
 from trainforge.tune._variants import merge_config
 from trainforge.tune.schedulers import Exploit, TrialScheduler
+from trainforge.tune.schedulers._scheduler import lookup
 from trainforge.tune.search._searcher import PRUNED_RESULT_KEY, Searcher
 
 logger = logging.getLogger("trainforge.tune")
-
-TRIAL_ERROR_PREFIX = "trial "
-
 
 class TrialError(RuntimeError):
     """A trial failed for good (after its retries); the original error is its ``__cause__`` and its
@@ -70,7 +67,6 @@ class TuneController:
         self.searcher_done = False
         self.stop_all = False
         self.threads: dict[str, threading.Thread] = {}
-        self.decision_latency: list[float] = []  # report received by the driver -> decision taken (s)
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> list[Trial]:
@@ -197,7 +193,7 @@ class TuneController:
     def _iterate(self, trial: Trial, run: Any) -> None:
         try:
             for report in run:
-                self.events.put(("report", trial, report, time.monotonic()))
+                self.events.put(("report", trial, report, None))
             self.events.put(("end", trial, run.result, None))
         except BaseException as exc:  # noqa: BLE001 - handed to the loop, which records it
             self.events.put(("end", trial, None, exc))
@@ -206,13 +202,13 @@ class TuneController:
     def _handle(self, event: tuple[str, Trial, Any, Any]) -> None:
         kind, trial, payload, extra = event
         if kind == "report":
-            self._on_report(trial, payload, extra)
+            self._on_report(trial, payload)
         else:
             self._on_end(trial, payload, extra)
         if self.progress is not None:
             self.progress.update(self.trials)
 
-    def _on_report(self, trial: Trial, report: Any, received: float) -> None:
+    def _on_report(self, trial: Trial, report: Any) -> None:
         if trial.status != RUNNING or trial.stopping:
             return  # a stopped trial's last result is the one that stopped it (reports after it are late)
         result = dict(report.metrics)
@@ -224,7 +220,7 @@ class TuneController:
         if report.checkpoint is not None:
             trial.checkpoint = report.checkpoint.path
             self.scheduler.on_trial_checkpoint(trial.trial_id)
-        if self.metric is not None and _missing(result, self.metric):
+        if self.metric is not None and lookup(result, self.metric) is None:
             self._stop(trial, error=ValueError(
                 f"trial {trial.name} reported {sorted(report.metrics)} without the metric {self.metric!r} "
                 f"that TuneConfig(metric=...) (or the searcher/scheduler) names: report it in every result, "
@@ -233,7 +229,6 @@ class TuneController:
         decision = self.scheduler.on_trial_result(trial.trial_id, result)
         self.searcher.on_trial_result(trial.trial_id, result)
         stop = self.stopper is not None and self.stopper(trial.trial_id, result)
-        self.decision_latency.append(time.monotonic() - received)
         if isinstance(decision, Exploit):
             source = next((t for t in self.trials if t.trial_id == decision.source_trial_id), None)
             if source is not None and source.checkpoint:
@@ -334,17 +329,6 @@ def load_trials(state: dict[str, Any]) -> list[Trial]:
     return out
 
 
-def _missing(result: dict[str, Any], metric: str) -> bool:
-    if metric in result:
-        return False
-    value: Any = result
-    for part in metric.split("/"):
-        if not isinstance(value, dict) or part not in value:
-            return True
-        value = value[part]
-    return False
-
-
 def _error_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip() or repr(exc)
 
@@ -353,7 +337,3 @@ def _trainable_name(trainable: Any) -> str:
     if is_trainer(trainable):
         return type(trainable).__name__
     return getattr(trainable, "__name__", type(trainable).__name__)
-
-
-def finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

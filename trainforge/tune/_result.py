@@ -8,6 +8,7 @@ from typing import Any
 
 from trainforge import Result as TrainResult
 from trainforge.tune._variants import flatten_config
+from trainforge.tune.schedulers._scheduler import lookup
 
 
 @dataclass
@@ -21,13 +22,7 @@ class Result(TrainResult):
 
 
 def _value(metrics: dict[str, Any] | None, metric: str) -> float | None:
-    if not metrics:
-        return None
-    value: Any = metrics.get(metric)
-    if value is None and "/" in metric:
-        value = metrics
-        for part in metric.split("/"):
-            value = value.get(part) if isinstance(value, dict) else None
+    value = lookup(metrics, metric) if metrics else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return None
     return float(value)

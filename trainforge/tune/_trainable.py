@@ -19,6 +19,7 @@ import inspect
 from typing import Any
 
 from trainforge import DataParallelTrainer, RunConfig, ScalingConfig
+from trainforge.tune._variants import merge_config
 
 RESOURCES_ATTR = "_trainforge_tune_resources"
 PARAMETERS_ATTR = "_trainforge_tune_parameters"
@@ -135,16 +136,6 @@ async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
 def trial_resources(trainable: Any, config: dict[str, Any]) -> tuple[int, dict[str, float]]:
     """(workers, what each needs) of the trial that ``config`` makes."""
     if is_trainer(trainable):
@@ -172,7 +163,7 @@ def make_trial_trainer(
                 "param_space={'train_loop_config': {...}, 'scaling_config': ScalingConfig(...)}"
             )
         trainer = copy.copy(trainable)
-        trainer.train_loop_config = deep_merge(trainable.train_loop_config or {}, config.get("train_loop_config") or {})
+        trainer.train_loop_config = merge_config(trainable.train_loop_config or {}, config.get("train_loop_config") or {})
         if "scaling_config" in config:
             trainer.scaling_config = config["scaling_config"]
         trainer.run_config = run_config
