@@ -550,3 +550,52 @@ def test_fit_iter_stop_from_another_thread_ends_the_run_as_it_stands(tmp_path, e
     assert run.result is not None and run.result.error is None and run.result.metrics["i"] == seen[-1]
     with open(tmp_path / "stopped" / "run_state.json") as f:
         assert json.load(f)["status"] == "stopped"
+
+
+def test_fit_iter_stop_ends_each_train_loop_at_its_next_report(tmp_path, executor):
+    """stop(): the workers' loops end cleanly at their next report() (SystemExit(0) from report, so
+    `finally` runs and `except Exception` does not swallow it); a loop that never reports again is
+    ended by the signal after the grace period. Either way no worker process is left (the autouse
+    leftover-process check)."""
+    import threading
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def loop(config):
+        rank = train.get_context().get_world_rank()
+        i = 0
+        try:
+            while True:
+                try:
+                    train.report({"i": i})
+                except Exception:  # noqa: BLE001 - a user's broad except must not swallow the stop
+                    (marks / f"swallowed_{rank}").write_text("")
+                i += 1
+                if config["hang"] and i == 3 and rank == 1:
+                    threading.Event().wait()  # never reports again
+                time.sleep(0.02)
+        except SystemExit as exc:
+            (marks / f"rank_{rank}").write_text(f"{type(exc).__name__} {exc.code} {i}")
+            raise
+
+    for hang in (False, True):
+        for f in marks.iterdir():
+            f.unlink()
+        trainer = DataParallelTrainer(
+            loop, train_loop_config={"hang": hang}, scaling_config=ScalingConfig(num_workers=2, executor=executor),
+            run_config=RunConfig(name=f"stop-{hang}", storage_path=str(tmp_path), verbose=0),
+        )  # fmt: skip
+        run = trainer.fit_iter()
+        for report in run:
+            if report.index == 2:
+                threading.Thread(target=run.stop, kwargs={"grace_s": 0.5}).start()
+        assert run.result is not None and run.result.error is None
+        texts = {f.name: f.read_text() for f in marks.iterdir()}
+        assert not any(name.startswith("swallowed") for name in texts), texts
+        assert texts["rank_0"].startswith("StopTraining 0"), texts
+        if hang:
+            # Ended after the grace period: SIGTERM for a local worker, ray.kill for an actor.
+            assert texts.get("rank_1", "SystemExit 143").startswith("SystemExit 143"), texts
+        else:
+            assert texts["rank_1"].startswith("StopTraining 0"), texts

@@ -335,6 +335,85 @@ def test_a_hundred_asha_stopped_trials_leave_no_process_behind(tmp_path):
     assert controller is not None and controller.free == controller.capacity  # every gang went back
 
 
+def test_stopped_trials_end_their_loop_at_the_next_report(tmp_path):
+    """A trial the scheduler stops ends cleanly at its next report(): SystemExit(0) from report, so
+    the loop's finally blocks run and a broad `except Exception` does not swallow it."""
+    from trainforge.tune.schedulers import ASHAScheduler
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def fn(config):
+        step = 0
+        try:
+            for step in range(50):
+                try:
+                    tune.report({"loss": config["x"] + 1.0 / (step + 1)})
+                except Exception:  # noqa: BLE001
+                    (marks / f"swallowed_{config['x']}").write_text("")
+                time.sleep(0.01)
+        except SystemExit as exc:
+            (marks / f"{config['x']}").write_text(f"{type(exc).__name__} {exc.code} {step}")
+            raise
+
+    grid = Tuner(fn, param_space={"x": tune.grid_search([0.0, 1.0, 2.0, 3.0])}, run_config=_rc(tmp_path, "clean"),
+                 tune_config=TuneConfig(metric="loss", mode="min", max_concurrent_trials=1,
+                                        scheduler=ASHAScheduler(max_t=50, grace_period=2, reduction_factor=2))).fit()  # fmt: skip
+    stopped = {r.config["x"]: r.metrics["training_iteration"] for r in grid if r.metrics["training_iteration"] < 50}
+    assert grid.num_errors == 0 and stopped, {r.config["x"]: r.metrics["training_iteration"] for r in grid}
+    texts = {f.name: f.read_text() for f in marks.iterdir()}
+    assert not any(k.startswith("swallowed") for k in texts), texts
+    for x, iteration in stopped.items():
+        kind, code, step = texts[str(x)].split()
+        # Ended by the report right after the one that stopped it (its index = iteration).
+        assert (kind, code) == ("StopTraining", "0") and int(step) >= iteration - 1, texts
+
+
+def test_warm_processes_start_trials_forked_from_one_server_with_no_state_carried_over(tmp_path):
+    """reuse_actors (the default): trial workers are forked from a warm fork server (their parent is
+    not this process), yet each trial has processes of its own: a global one trial sets is not seen
+    by the next (Ray's reused actors would carry it). reuse_actors=False: fresh children of ours."""
+    from trainforge._internal.zygote import ENV_ZYGOTE
+
+    def fn(config):
+        import trainforge as tf_mod
+
+        seen = getattr(tf_mod, "_tune_test_leak", None)
+        tf_mod._tune_test_leak = config["i"]
+        tune.report({"parent": os.getppid(), "pid": os.getpid(), "seen": -1 if seen is None else seen})
+
+    for reuse in (None, False):
+        grid = Tuner(fn, param_space={"i": tune.grid_search(list(range(4)))}, run_config=_rc(tmp_path, f"warm{reuse}"),
+                     tune_config=TuneConfig(reuse_actors=reuse, max_concurrent_trials=1)).fit()  # fmt: skip
+        rows = [r.metrics for r in grid]
+        assert grid.num_errors == 0 and [m["seen"] for m in rows] == [-1] * 4  # nothing carried over
+        assert len({m["pid"] for m in rows}) == 4
+        parents = {m["parent"] for m in rows}
+        if reuse is None:
+            assert len(parents) == 1 and parents != {os.getpid()}  # all forked by the one warm server
+        else:
+            assert parents == {os.getpid()}
+        assert ENV_ZYGOTE not in os.environ  # nothing of it outlives fit()
+
+
+def test_warm_preload_names_installed_libraries_never_the_users_modules():
+    import numpy
+
+    from trainforge.torch import TorchTrainer
+    from trainforge.tune._warm import preload_modules
+
+    def fn(config):
+        import json  # imported inside
+
+        return numpy.zeros(1), _rc, json  # a library and a function of this (user) module
+
+    mods = preload_modules(fn)
+    assert {"numpy", "json", "trainforge"} <= set(mods) and __name__ not in mods and "torch" not in mods
+    torch_mods = preload_modules(TorchTrainer(lambda: None, scaling_config=ScalingConfig(num_workers=1)))
+    assert {"torch", "torch._dynamo", "trainforge.torch"} <= set(torch_mods)
+    assert "cloudpickle" in preload_modules(tune.with_parameters(lambda config, data: None, data=1))
+
+
 def test_tune_public_names():
     assert tune.__all__ == sorted(tune.__all__)
     assert {"Tuner", "TuneConfig", "RunConfig", "ResultGrid", "report", "get_checkpoint", "get_context",

@@ -60,6 +60,7 @@ logger = logging.getLogger("trainforge")
 # rank has failed or finished.
 FAILURE_SETTLE_S = 0.3
 POLL_INTERVAL_S = 0.1
+STOP_GRACE_S = 1.0  # TrainingIterator.stop(): how long train loops get to reach their next report()
 
 
 _RESIZE_PREFIX = "resize to "
@@ -174,6 +175,8 @@ class Controller:
             while self.state not in (RunState.FINISHED, RunState.ERRORED):
                 if self.stop_event is not None and self.stop_event.is_set():
                     self._stop_requested()
+                    out, self._out = self._out, []
+                    yield from out  # what every rank reported before it stopped
                     break
                 self.step()
                 out, self._out = self._out, []
@@ -186,12 +189,34 @@ class Controller:
                 logger.warning("could not write the metrics history: %s", exc)
 
     def _stop_requested(self) -> None:
-        """``TrainingIterator.stop()``: the workers go (SIGTERM, then SIGKILL), reports not every
-        rank made are dropped, and the run ends as it stands."""
-        self._stop_group(graceful=False)
+        """``TrainingIterator.stop()``: each worker's train loop ends at its next ``report()`` (a clean
+        end: its ``finally`` blocks run, the report is committed if every rank made it); workers still
+        in their loop after the grace period (``stop(grace_s=...)``, default ``STOP_GRACE_S``) get
+        SIGTERM, then SIGKILL; reports not every rank made are dropped, and the run ends as it stands."""
+        grace = getattr(self.stop_event, "grace_s", None)
+        grace = STOP_GRACE_S if grace is None else grace
+        clean = False
+        if self.group is not None and self.state is RunState.RUNNING and grace > 0:
+            clean = self._let_workers_stop(grace)
+        self._stop_group(graceful=clean)
         self._discard_incomplete()
         self.stopped = True
         self._transition(RunState.FINISHED)
+
+    def _let_workers_stop(self, grace: float) -> bool:
+        """Ask the workers to end at their next report and wait up to ``grace`` seconds; True if every
+        rank ended its loop cleanly. A rank that fails meanwhile (say, a collective whose peer has
+        left) only ends the wait: the run was stopped, so it counts as no failure."""
+        assert self.group is not None and self._reports is not None
+        self.group.request_stop()
+        failures: list[WorkerFailure] = []
+        deadline = time.monotonic() + grace
+        while not self._all_ended(failures):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._handle(self.group.poll(min(POLL_INTERVAL_S, left)), failures)
+        return not failures and len(self._reports.done) == len(self._specs)
 
     def step(self) -> None:
         """Advance one iteration; a no-op once FINISHED or ERRORED."""

@@ -14,6 +14,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,25 @@ from typing import Any
 from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.config import CheckpointUploadMode
 from trainforge._internal.uploader import Uploader
+
+# Set by the worker's reader thread when the driver asks the run to stop (``TrainingIterator.stop()``,
+# a tuner's decision): the loop's next report() raises StopTraining. One per process: a worker
+# process runs one train loop.
+_stop_requested = threading.Event()
+
+
+class StopTraining(SystemExit):
+    """Raised by ``report()`` once the driver asked the run to stop: the train loop ends there as after
+    ``sys.exit(0)`` (its ``finally`` blocks and context managers run; ``except Exception`` does not
+    catch it), after the report itself was sent."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
+def request_stop() -> None:
+    """End this worker's train loop at its next ``report()`` (called from the reader thread)."""
+    _stop_requested.set()
 
 
 @dataclass
@@ -91,6 +111,16 @@ class Session:
         metrics: dict[str, Any],
         checkpoint: Checkpoint | None = None,
         checkpoint_upload_mode: CheckpointUploadMode | str | None = None,
+    ) -> None:
+        self._report(metrics, checkpoint, checkpoint_upload_mode)
+        if _stop_requested.is_set():
+            raise StopTraining()
+
+    def _report(
+        self,
+        metrics: dict[str, Any],
+        checkpoint: Checkpoint | None,
+        checkpoint_upload_mode: CheckpointUploadMode | str | None,
     ) -> None:
         if not isinstance(metrics, dict):
             raise TypeError(f"report(metrics=...) takes a dict of metrics, got {type(metrics).__name__}.")

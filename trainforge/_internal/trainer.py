@@ -54,13 +54,19 @@ class TrainingIterator:
         self._stop_event = stop_event
         self.result: Result | None = None
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float | None = None) -> None:
         """Ask the run to end now; callable from any thread (``close()`` is not: it must run in the
-        thread iterating). The controller stops the workers at its next poll (SIGTERM, SIGKILL a
-        second later), discards reports not every rank made, and the iteration ends; ``.result`` is
-        then the run so far (its latest committed checkpoint, ``error`` None), and its run
-        directory says "stopped" (a later ``fit()`` or ``restore()`` of it continues from there)."""
+        thread iterating); returns at once. Each worker's train loop ends at its next ``report()``
+        (which raises ``SystemExit(0)`` after sending the report, so ``finally`` blocks
+        run and ``except Exception`` does not catch it); workers still in their loop ``grace_s`` seconds later
+        (default 1) get SIGTERM, then SIGKILL a second later (``grace_s=0``: at once). Reports not
+        every rank made are discarded and the iteration ends; ``.result`` is then the run so far
+        (its latest committed checkpoint, ``error`` None), and its run directory says "stopped" (a
+        later ``fit()`` or ``restore()`` of it continues from there)."""
+        if grace_s is not None and (isinstance(grace_s, bool) or not isinstance(grace_s, (int, float)) or grace_s < 0):
+            raise ValueError(f"stop(grace_s={grace_s!r}) is not valid: use a number of seconds >= 0")
         if self._stop_event is not None:
+            self._stop_event.grace_s = grace_s  # type: ignore[attr-defined]
             self._stop_event.set()
 
     def __iter__(self) -> TrainingIterator:

@@ -8,6 +8,7 @@ driver), says ("hello", key, info), then serves commands:
     ("execute", call_id, blob)  run cloudpickled (fn, args, kwargs); reply ("result", call_id, ok, blob)
     ("train", blob)             run the train loop; replies ("report", ...)*, then ("done", n) or ("error", ...)
     ("stacks", id)              reply ("stacks", id, text): every thread's stack, from the reader thread
+    ("stop",)                   end the train loop at its next report() (a clean end), from the reader thread
     ("exit",)                   flush and exit 0 (a Ray actor returns instead; the driver then kills it)
 
 A reader thread owns ``recv``: if the driver goes away (EOF), the worker exits at once, so a killed
@@ -92,6 +93,12 @@ class _Channel:
                 # Answered here, not by the main thread, which may be stuck (a hang is why we ask);
                 # unordered, so it never waits for the ring's lock.
                 self._send_bytes(pickle.dumps(("stacks", cmd[1], _all_stacks()), protocol=pickle.HIGHEST_PROTOCOL))
+            elif cmd[0] == "stop":
+                # Also here, not queued: the main thread is busy in the train loop, whose next
+                # report() raises StopTraining (a clean end, as sys.exit(0)).
+                from trainforge._internal.session import request_stop
+
+                request_stop()
             else:
                 self.commands.put(cmd)
 

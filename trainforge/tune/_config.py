@@ -22,6 +22,10 @@ class TuneConfig:
     ``max_concurrent_trials``: an optional cap; without it, as many trials run at once as their
     workers fit on the machine (a trial starts only when all its workers fit). ``time_budget_s``:
     after that many seconds every trial is stopped (they end TERMINATED, not errored).
+    ``reuse_actors``: None/True (default) forks each trial's local workers from warm processes that
+    imported trainforge and the trainable's libraries once (torch, ...), so a trial starts in
+    milliseconds; each trial still gets processes of its own, so nothing leaks from one trial into
+    the next (unlike Ray, which reuses the actor itself). False: fresh processes for every trial.
 
     Example::
 
@@ -35,7 +39,7 @@ class TuneConfig:
     num_samples: int = 1
     max_concurrent_trials: int | None = None
     time_budget_s: float | None = None
-    reuse_actors: bool = False
+    reuse_actors: bool | None = None
     trial_name_creator: Any = None
     trial_dirname_creator: Any = None
 
@@ -55,6 +59,8 @@ class TuneConfig:
             self.time_budget_s = t = float(getattr(t, "total_seconds")())  # noqa: B009
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
             raise _bad("TuneConfig", "time_budget_s", t, "use None or a number of seconds > 0")
+        if self.reuse_actors is not None and not isinstance(self.reuse_actors, bool):
+            raise _bad("TuneConfig", "reuse_actors", self.reuse_actors, "use None, True or False")
         for name in ("trial_name_creator", "trial_dirname_creator"):
             value = getattr(self, name)
             if value is not None and not callable(value):

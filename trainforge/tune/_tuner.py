@@ -26,6 +26,7 @@ from trainforge.tune._result import Result, ResultGrid
 from trainforge.tune._stopper import make_stopper
 from trainforge.tune._trainable import check_trainable, is_trainer
 from trainforge.tune._variants import has_unresolved, validate_param_space
+from trainforge.tune._warm import warm_processes
 from trainforge.tune.schedulers import FIFOScheduler
 from trainforge.tune.search._searcher import BasicVariantGenerator, ConcurrencyLimiter, Searcher
 
@@ -131,7 +132,9 @@ class Tuner:
         self.last_controller = controller
         if "optuna" in sys.modules:  # Optuna logs every trial it creates at INFO: the table says it all
             sys.modules["optuna"].logging.set_verbosity(sys.modules["optuna"].logging.WARNING)
-        controller.run()
+        # Trials' workers forked from warm processes (reuse_actors; not when a train server runs them).
+        with warm_processes(self.trainable, tc.reuse_actors is not False and getattr(controller, "server", None) is None):
+            controller.run()
         self._results = ResultGrid([_result(store, t) for t in controller.trials], self.experiment_path,
                                    metric, mode)  # fmt: skip
         return self._results

@@ -95,6 +95,10 @@ class WorkerGroup(abc.ABC):
     def dump_stacks(self, rank: int, timeout: float = 3.0) -> str:
         """The Python stack of every thread of a worker, taken now (even if it is blocked in C code)."""
 
+    def request_stop(self) -> None:  # noqa: B027 - optional: a group without it is stopped by shutdown()
+        """Ask every worker's train loop to end at its next ``report()`` (it then sends its "done");
+        returns at once."""
+
     @abc.abstractmethod
     def shutdown(self, graceful: bool = True) -> None:
         """Stop every worker (SIGTERM, bounded wait, SIGKILL). Idempotent; leaves no process behind."""

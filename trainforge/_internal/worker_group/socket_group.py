@@ -152,6 +152,11 @@ class SocketWorkerGroup(WorkerGroup):
         except (OSError, EOFError):
             pass  # noticed as a death by _receive
 
+    def request_stop(self) -> None:
+        for w in self._workers:
+            if w.conn is not None and not w.conn.closed and not w.finished:
+                self._send(w, ("stop",))
+
     def _receive(self, timeout: float) -> None:
         """Read whatever arrives within ``timeout``; record events, results and deaths."""
         conns = [w.conn for w in self._workers if w.conn is not None and not w.conn.closed]
