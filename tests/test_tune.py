@@ -262,7 +262,9 @@ def test_gang_packing_two_worker_trials_on_two_cpus_run_one_at_a_time(tmp_path):
     assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:], strict=False))  # never two at once
 
 
-def test_a_tuner_killed_with_sigkill_continues_without_rerunning_finished_trials(tmp_path):
+def _start_halfway(tmp_path):
+    """tests/scripts/tune_killed.py started, returned once two of its trials finished and the third
+    is a few steps in; also the environment to run it again."""
     script = os.path.join(SCRIPTS, "tune_killed.py")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(trainforge.__file__)), SCRIPTS])}
     proc = subprocess.Popen([sys.executable, script, str(tmp_path)], env=env, start_new_session=True)
@@ -277,14 +279,57 @@ def test_a_tuner_killed_with_sigkill_continues_without_rerunning_finished_trials
         except (OSError, ValueError):  # not written yet, or being replaced
             steps = []
         done = [t for t in trials if t["status"] == "TERMINATED"]
-        if len(done) == 2 and any(i == "2" and int(step) >= 3 for i, step in steps):
-            break
+        if len(done) == 2 and any(i == "2" and int(step) >= 3 for i, step, _ in steps):
+            return proc, script, env
         time.sleep(0.02)  # polling the tuner's files: it has no other channel to this test
-    else:
-        proc.kill()
-        pytest.fail(f"the tuner never got halfway: {trials}")
-    os.killpg(proc.pid, signal.SIGKILL)  # the tuner and its trial's worker
+    proc.kill()
+    pytest.fail(f"the tuner never got halfway: {trials}")
+
+
+def _assert_gone(tmp_path):
+    """Every worker the tuner script started, and its warm fork server, have exited (they are not
+    this test's children once the tuner is gone, so the autouse check would not see them)."""
+    import psutil
+
+    pids = {int(line.split()[2]) for line in (tmp_path / "steps.log").read_text().splitlines()}
+    warm = [p for p in psutil.process_iter(["cmdline"])
+            if any("trainforge_tune_warm_" in part for part in p.info["cmdline"] or [])]  # fmt: skip
+    procs = [p for p in (_process(pid) for pid in pids) if p is not None] + warm
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    for p in alive:
+        p.kill()
+    assert not alive, f"left behind: {alive}"
+
+
+def _process(pid):
+    import psutil
+
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def test_ctrl_c_stops_every_trial_and_saves_the_experiment_to_continue(tmp_path):
+    proc, script, env = _start_halfway(tmp_path)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C in the tuner's terminal reaches the tuner only
+    assert proc.wait(timeout=60) != 0  # KeyboardInterrupt, re-raised after saving
+    _assert_gone(tmp_path)
+    trials = json.loads((tmp_path / "results" / "killed" / "experiment_state.json").read_text())["trials"]
+    assert [t["status"] for t in trials[:3]] == ["TERMINATED", "TERMINATED", "PENDING"]  # not finished
+    before = len((tmp_path / "steps.log").read_text().splitlines())
+    out = subprocess.run([sys.executable, script, str(tmp_path)], env=env, capture_output=True, text=True, timeout=180)
+    assert "DONE 4 0" in out.stdout, out.stdout + out.stderr
+    after = [line.split() for line in (tmp_path / "steps.log").read_text().splitlines()[before:]]
+    assert {i for i, _, _ in after} == {"2", "3"} and int(after[0][1]) > 0  # trial 2 went on from its checkpoint
+
+
+def test_a_tuner_killed_with_sigkill_continues_without_rerunning_finished_trials(tmp_path):
+    proc, script, env = _start_halfway(tmp_path)
+    os.killpg(proc.pid, signal.SIGKILL)  # the tuner (its workers die with it: they watch their driver)
     proc.wait()
+    _assert_gone(tmp_path)
+    log = tmp_path / "steps.log"
     before = log.read_text().splitlines()
     out = subprocess.run([sys.executable, script, str(tmp_path)], env=env, capture_output=True, text=True, timeout=180)
     assert "DONE 4 0" in out.stdout, out.stdout + out.stderr

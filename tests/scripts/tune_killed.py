@@ -1,6 +1,7 @@
 """A tuner run in its own process (killed with SIGKILL by test_tune.py, then run again): 4 trials of
 10 slow steps, 1 at a time, each step checkpointed; every step a trial runs is appended to
-``<root>/steps.log`` as ``trial_index step``, so the test sees what was rerun."""
+``<root>/steps.log`` as ``trial_index step worker_pid``, so the test sees what was rerun (and which
+processes must be gone after a kill). Also stopped with SIGINT (Ctrl-C) by a test."""
 
 import json
 import os
@@ -22,7 +23,7 @@ def trainable(config):
             start = json.load(f)["step"] + 1
     for step in range(start, 10):
         with open(os.path.join(root, "steps.log"), "a") as f:
-            f.write(f"{config['i']} {step}\n")
+            f.write(f"{config['i']} {step} {os.getpid()}\n")
         time.sleep(0.1)
         with tempfile.TemporaryDirectory() as d:
             with open(os.path.join(d, "state.json"), "w") as f:

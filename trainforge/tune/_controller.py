@@ -31,6 +31,9 @@ from trainforge.tune.search._searcher import PRUNED_RESULT_KEY, Searcher
 
 logger = logging.getLogger("trainforge.tune")
 
+INTERRUPTED = "Ctrl-C"  # a trial's stop_reason when the tuner was interrupted
+
+
 class TrialError(RuntimeError):
     """A trial failed for good (after its retries); the original error is its ``__cause__`` and its
     text is in the message."""
@@ -91,7 +94,7 @@ class TuneController:
                     except queue.Empty:
                         break
         except KeyboardInterrupt:
-            self._stop_everything("Ctrl-C")
+            self._stop_everything(INTERRUPTED)
             self._join(timeout=30)
             for t in self.trials:
                 if t.status == RUNNING:
@@ -174,6 +177,7 @@ class TuneController:
         trial.status = RUNNING
         trial.started = time.monotonic()
         trial.stopping = False
+        trial.stop_reason = None
         trial.exploit = None
         try:
             trainer = make_trial_trainer(self.trainable, trial.config, run_config, metadata, resume)
@@ -273,6 +277,8 @@ class TuneController:
             trial.resume_from = checkpoint
             trial.run_index += 1
             trial.status = PENDING  # continues from the better trial's checkpoint, same id
+        elif trial.stop_reason == INTERRUPTED:
+            trial.status = PENDING  # Ctrl-C: not finished; the next run of the experiment resumes it
         else:
             self._finish(trial, TERMINATED)
         self.save()

@@ -1,5 +1,5 @@
 """The live console table of trials (status, config, latest metrics, best so far), like Ray Tune's;
-drawn with rich when output is a terminal, nothing otherwise (a one-line summary at the end)."""
+drawn with rich when output is a terminal; otherwise quiet until a one-line summary at the end."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Any
 from trainforge.tune._variants import flatten_config
 
 REFRESH_S = 0.5
+# What the tuner adds to every result: not worth a column.
+_BOOKKEEPING = {"training_iteration", "time_total_s", "timestamp", "done", "trial_id"}
 
 
 def _fmt(v: Any) -> str:
@@ -59,15 +61,40 @@ class ProgressTable:
             caption += f" · best {self.metric}={_fmt(best[0])} ({best[1].name})"
         table = Table(title=f"trials of {self.path}", caption=caption)
         keys = sorted({k for t in trials for k in flatten_config(t.config)})[:6]
-        metrics = [self.metric] if self.metric else []
-        for col in ["trial", "status", *keys, "iter", *metrics]:
+        metrics = self._metric_columns(trials)
+        table.add_column("trial", no_wrap=True)  # the one column that must stay readable
+        for col in ["status", *keys, "iter", "total time (s)", *metrics]:
             table.add_column(col)
         for t in trials[-30:]:
             flat = flatten_config(t.config)
             last = t.last_result or {}
             table.add_row(t.name, t.status, *[_fmt(flat.get(k, "")) for k in keys],
-                          _fmt(last.get("training_iteration", "")), *[_fmt(last.get(m, "")) for m in metrics])  # fmt: skip
+                          _fmt(last.get("training_iteration", "")), _fmt(last.get("time_total_s", "")),
+                          *[_fmt(last.get(m, "")) for m in metrics])  # fmt: skip
+        if len(trials) > 30:
+            table.add_row(f"... and {len(trials) - 30} earlier", *[""] * (len(keys) + 3 + len(metrics)))
         return table
+
+    def _metric_columns(self, trials: list[Any]) -> list[str]:
+        """The tuned metric, then the first few other numbers the trials report."""
+        cols = [self.metric] if self.metric else []
+        for t in trials:
+            for k, v in (t.last_result or {}).items():
+                if len(cols) >= 4:
+                    return cols
+                if k not in cols and k not in _BOOKKEEPING and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    cols.append(k)
+        return cols
+
+    def summary(self, trials: list[Any]) -> str:
+        counts: dict[str, int] = {}
+        for t in trials:
+            counts[t.status] = counts.get(t.status, 0) + 1
+        line = f"tune: {len(trials)} trial(s) ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})"
+        best = self._best(trials)
+        if best is not None:
+            line += f"; best {self.metric}={_fmt(best[0])} ({best[1].name})"
+        return line + f"; results in {self.path}"
 
     def update(self, trials: list[Any]) -> None:
         now = time.monotonic()
@@ -85,3 +112,5 @@ class ProgressTable:
             self.live.update(self._table(trials))
             self.live.stop()
             self.live = None
+        else:
+            print(self.summary(trials), file=self.out, flush=True)
