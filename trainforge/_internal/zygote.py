@@ -590,4 +590,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip the interpreter's teardown: with torch imported it takes about a second, and a tuner (or a
+    # server) waits for the zygote to exit.
+    os._exit(code)

@@ -35,7 +35,7 @@ from trainforge._internal.worker_group.api import (
 
 TAIL_LINES = 60
 READ_INTERVAL_S = 0.02  # while training, the driver reads socket-borne reports at most this often
-RING_DRAIN_S = 0.05  # and drains the report rings of local workers at least this often
+RING_DRAIN_S = 0.02  # and drains the report rings of local workers at least this often
 
 
 class WorkerHandle:
