@@ -120,6 +120,10 @@ def executor(request):
 def _isolated_storage(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINFORGE_STORAGE_PATH", str(tmp_path / "results"))
     monkeypatch.setenv("TRAINFORGE_SHUTDOWN_GRACE_S", "3")
+    # No test finds a train server of this machine's user by accident (a tuner would send its trials
+    # there): tests that want one start it (the train_server fixture sets these again).
+    monkeypatch.setenv("TRAINFORGE_SERVER_DIR", str(tmp_path / "no-server"))
+    monkeypatch.delenv("TRAINFORGE_ADDRESS", raising=False)
     yield
 
 

@@ -267,7 +267,10 @@ def _start_halfway(tmp_path):
     is a few steps in; also the environment to run it again."""
     script = os.path.join(SCRIPTS, "tune_killed.py")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(trainforge.__file__)), SCRIPTS])}
-    proc = subprocess.Popen([sys.executable, script, str(tmp_path)], env=env, start_new_session=True)
+    # Ctrl-C as in a terminal: a background shell (nohup ... &) starts us with SIGINT ignored, which
+    # the tuner would inherit, and Python then installs no KeyboardInterrupt handler.
+    proc = subprocess.Popen([sys.executable, script, str(tmp_path)], env=env, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     state = tmp_path / "results" / "killed" / "experiment_state.json"
     log = tmp_path / "steps.log"
     deadline = time.monotonic() + 120

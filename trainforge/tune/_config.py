@@ -26,6 +26,14 @@ class TuneConfig:
     imported trainforge and the trainable's libraries once (torch, ...), so a trial starts in
     milliseconds; each trial still gets processes of its own, so nothing leaks from one trial into
     the next (unlike Ray, which reuses the actor itself). False: fresh processes for every trial.
+    ``server`` (trainforge extension): where trials run. None (default): on the train server that
+    ``$TRAINFORGE_ADDRESS`` names (an error if it does not answer), else on the one running on this
+    machine (``trainforge server start``) if it answers, else here (always here in a tuner that runs
+    as a server's job: its trials stay within the job's grant); a tuner never starts a server.
+    False: always here. A URL (``"http://127.0.0.1:8270"``): on that server (an error if it does not
+    answer). On a server every trial is a job named ``<experiment>/<trial>`` with its config, shown
+    on its dashboard and queued with its other jobs; the experiment directory must be reachable from
+    the server's processes at the same path (the same machine, a shared file system, or cloud storage).
 
     Example::
 
@@ -42,6 +50,7 @@ class TuneConfig:
     reuse_actors: bool | None = None
     trial_name_creator: Any = None
     trial_dirname_creator: Any = None
+    server: str | bool | None = None
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.mode not in ("min", "max"):
@@ -65,6 +74,22 @@ class TuneConfig:
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise _bad("TuneConfig", name, value, "use a function taking the trial and returning a str")
+        if not (self.server is None or self.server is False or _is_url(self.server)):
+            raise _bad("TuneConfig", "server", self.server, "use None (the running train server, if any), False "
+                       "(run trials on this machine) or a train server's URL such as 'http://127.0.0.1:8270'")
+
+
+def _is_url(value: Any) -> bool:
+    from urllib.parse import urlsplit
+
+    if not isinstance(value, str):
+        return False
+    try:
+        url = urlsplit(value)
+        url.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return False
+    return url.scheme in ("http", "https") and bool(url.hostname)
 
 
 @dataclass

@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -23,11 +23,15 @@ from trainforge import Checkpoint
 from trainforge import RunConfig as TrainRunConfig
 from trainforge.tune._context import TUNE_KEY
 from trainforge.tune._experiment import ERROR, PENDING, RUNNING, TERMINATED, ExperimentStore, Trial
+from trainforge.tune._server import ServerRun
 from trainforge.tune._trainable import is_trainer, make_trial_trainer, trial_resources
 from trainforge.tune._variants import merge_config
 from trainforge.tune.schedulers import Exploit, TrialScheduler
 from trainforge.tune.schedulers._scheduler import lookup
 from trainforge.tune.search._searcher import PRUNED_RESULT_KEY, Searcher
+
+if TYPE_CHECKING:
+    from trainforge.server import Client
 
 logger = logging.getLogger("trainforge.tune")
 
@@ -46,6 +50,7 @@ class TuneController:
         metric: str | None, mode: str | None, max_concurrent: int | None, time_budget_s: float | None,
         capacity: dict[str, float], progress: Any = None, trials: list[Trial] | None = None,
         name_creator: Any = None, dirname_creator: Any = None, param_space: dict[str, Any] | None = None,
+        server: Client | None = None,
     ):  # fmt: skip
         self.trainable = trainable
         self.searcher = searcher
@@ -70,6 +75,7 @@ class TuneController:
         self.searcher_done = False
         self.stop_all = False
         self.threads: dict[str, threading.Thread] = {}
+        self.server = server  # a train server's client: each trial is a job there (None: a local fit_iter())
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> list[Trial]:
@@ -132,8 +138,9 @@ class TuneController:
             if never:
                 have = {k: self.capacity.get(k, 0.0) for k in never}
                 self._fail(trial, ValueError(
-                    f"trial {trial.name} needs {workers} worker(s) x {need} = {gang}, more than this machine "
-                    f"has ({have}): lower the trial's resources (with_resources / scaling_config)"))  # fmt: skip
+                    f"trial {trial.name} needs {workers} worker(s) x {need} = {gang}, more than "
+                    f"{'the train server' if self.server is not None else 'this machine'} has ({have}): lower "
+                    "the trial's resources (with_resources / scaling_config)"))  # fmt: skip
                 continue
             if any(v > self.free.get(k, 0.0) + 1e-9 for k, v in gang.items()):
                 return  # waits for its whole gang (trials start in order)
@@ -181,7 +188,10 @@ class TuneController:
         trial.exploit = None
         try:
             trainer = make_trial_trainer(self.trainable, trial.config, run_config, metadata, resume)
-            trial.run = trainer.fit_iter()
+            if self.server is None:
+                trial.run = trainer.fit_iter()
+            else:  # a job of the train server, named for its dashboard
+                trial.run = ServerRun(self.server, trainer, name=f"{self.experiment_name}/{trial.name}")
         except Exception as exc:  # a bad config for this trial: it errors, the others go on
             self._release(trial)
             self._fail(trial, exc)

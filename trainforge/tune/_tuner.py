@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -23,12 +23,16 @@ from trainforge.tune._experiment import (
 )
 from trainforge.tune._progress import ProgressTable
 from trainforge.tune._result import Result, ResultGrid
+from trainforge.tune._server import connect as connect_server
 from trainforge.tune._stopper import make_stopper
 from trainforge.tune._trainable import check_trainable, is_trainer
 from trainforge.tune._variants import has_unresolved, validate_param_space
 from trainforge.tune._warm import warm_processes
 from trainforge.tune.schedulers import FIFOScheduler
 from trainforge.tune.search._searcher import BasicVariantGenerator, ConcurrencyLimiter, Searcher
+
+if TYPE_CHECKING:
+    from trainforge.server import Client
 
 logger = logging.getLogger("trainforge.tune")
 
@@ -117,15 +121,16 @@ class Tuner:
             if resumed or any(t.status == TERMINATED for t in trials):
                 print(f"tune: continuing {self.experiment_path}: {sum(t.status == TERMINATED for t in trials)} "
                       f"finished trial(s) kept, {len(resumed)} resumed", flush=True)  # fmt: skip
+        server = connect_server(tc.server, announce=bool(self.run_config.verbose))
         store.write(TUNER_FILE, _pickled(self))
         controller = TuneController(
             trainable=self.trainable, searcher=searcher, scheduler=scheduler,
             stopper=make_stopper(self.run_config.stop), run_config=self.run_config, store=store,
             experiment_name=self.experiment_name, experiment_id=experiment_id, metric=metric, mode=mode,
-            max_concurrent=tc.max_concurrent_trials, time_budget_s=tc.time_budget_s, capacity=_capacity(),
+            max_concurrent=tc.max_concurrent_trials, time_budget_s=tc.time_budget_s, capacity=_capacity(server),
             progress=ProgressTable(self.experiment_path, metric, mode) if self.run_config.verbose else None,
             trials=trials, name_creator=tc.trial_name_creator, dirname_creator=tc.trial_dirname_creator,
-            param_space=self.param_space,
+            param_space=self.param_space, server=server,
         )  # fmt: skip
         if state is not None:
             controller.searcher_done = bool(state.get("searcher_done"))
@@ -219,7 +224,11 @@ def _result(store: ExperimentStore, trial: Trial) -> Result:
                   config=trial.config)  # fmt: skip
 
 
-def _capacity() -> dict[str, float]:
+def _capacity(server: Client | None = None) -> dict[str, float]:
+    """What trials' gangs are packed against: the train server's capacity (it queues them with its
+    other jobs), else this machine's."""
+    if server is not None:
+        return {k: float(v) for k, v in server.resources()["capacity"].items()}
     from trainforge._internal.resources import local_available
 
     return local_available()
