@@ -13,7 +13,10 @@ from trainforge._internal.torch.trainer import TorchTrainer
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TorchTrainer", "TorchConfig", "prepare_model", "prepare_data_loader", "get_device"]
+__all__ = [
+    "TorchTrainer", "TorchConfig", "prepare_model", "prepare_data_loader", "get_device", "accelerate",
+    "prepare_optimizer", "backward",
+]  # fmt: skip
 
 
 def _utils() -> Any:
@@ -50,3 +53,40 @@ def prepare_data_loader(
 def get_device() -> torch.device:
     """This worker's device: its GPU when it has one (``cuda:0``), else ``cpu``."""
     return _utils().get_device()
+
+
+def _amp() -> Any:
+    _utils()  # the ImportError naming the extra when torch is missing
+    from trainforge._internal.torch import amp
+
+    return amp
+
+
+def accelerate(amp: bool = False, amp_dtype: Any = None) -> None:
+    """Mixed precision for this worker's loop (call once, before ``prepare_model``): ``amp=True`` runs
+    the model's forward under autocast, float16 with a gradient scaler on a GPU, bfloat16 on the CPU
+    (``amp_dtype="float16"|"bfloat16"`` to choose). Use :func:`prepare_optimizer` and :func:`backward`
+    so the scaler is applied. See ``trainforge._internal.torch.amp``.
+
+    Example::
+
+        trainforge.torch.accelerate(amp=True)
+        model = trainforge.torch.prepare_model(model)
+        optimizer = trainforge.torch.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad()
+        trainforge.torch.backward(loss)
+        optimizer.step()
+    """
+    _amp().accelerate(amp, amp_dtype)
+
+
+def prepare_optimizer(optimizer: torch.optim.Optimizer) -> Any:
+    """``optimizer`` for mixed precision: its ``step()`` unscales the gradients and skips a step with
+    inf/NaN gradients when a gradient scaler is in use; otherwise the optimizer itself."""
+    return _amp().prepare_optimizer(optimizer)
+
+
+def backward(tensor: torch.Tensor) -> None:
+    """``tensor.backward()``, scaled by the gradient scaler when mixed precision uses one."""
+    _amp().backward(tensor)

@@ -95,6 +95,10 @@ def prepare_model(
             torch.cuda.set_device(device)
         model = model.to(device)
 
+    from trainforge._internal.torch import amp
+
+    model = amp.autocast_forward(model)  # accelerate(amp=True): forward under autocast, inside DDP
+    amp.note_model_prepared()
     world_size, _ = _world_size_and_rank()
     if parallel_strategy is None or world_size <= 1:
         return model
