@@ -42,8 +42,9 @@ def test_top_level_all_is_pinned():
 
 def test_torch_all_is_pinned():
     assert sorted(trainforge.torch.__all__) == sorted(
-        ["TorchTrainer", "TorchConfig", "prepare_model", "prepare_data_loader", "get_device"]
-    )
+        ["TorchTrainer", "TorchConfig", "prepare_model", "prepare_data_loader", "get_device",
+         "accelerate", "prepare_optimizer", "backward"]  # the last three: Ray Train's mixed-precision helpers
+    )  # fmt: skip
 
 
 def test_backend_all_is_pinned():
