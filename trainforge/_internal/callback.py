@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from trainforge._internal.result import Result, TrainingReport
+    from trainforge._internal.worker_group.api import WorkerMetadata
 
 
 class Callback:
@@ -13,6 +14,10 @@ class Callback:
 
     def on_run_start(self, run_path: str, num_workers: int | tuple[int, int]) -> None:
         pass
+
+    def on_workers_start(self, workers: list[WorkerMetadata]) -> None:
+        """An attempt's workers are up and training: each one's rank, pid, node and GPUs (trainforge
+        extension; called again for each restart's new group)."""
 
     def on_report(self, report: TrainingReport) -> None:
         """A report that every rank has made (``report.metrics`` is rank 0's)."""

@@ -292,6 +292,9 @@ class Controller:
             self.group.start_training(self.hooks.make_payloads(self.attempt, checkpoint, self._specs))
             logger.info("started %d workers in %.2fs (attempt %d)", len(self._specs), time.monotonic() - t0,
                         self.attempt)
+            metadata = self.group.worker_metadata
+            for cb in self.hooks.callbacks:
+                cb.on_workers_start(metadata)
             if self.hooks.after_start is not None:
                 elastic = self.scaling is not None and self.scaling.scaling.elastic
                 self.hooks.after_start(len(self._specs), elastic or self.policy.allows(len(self.failures) + 1))

@@ -433,7 +433,10 @@ class DataParallelTrainer:
         if job_events is not None:
             callbacks.append(job_events)
         if rc.verbose:
-            callbacks.insert(0, ProgressReporter(rc.verbose, storage.name, executor_kind(self.scaling_config)))
+            from trainforge._internal.live_view import LiveView, live_view_available
+
+            reporter = LiveView if live_view_available() else ProgressReporter
+            callbacks.insert(0, reporter(rc.verbose, storage.name, executor_kind(self.scaling_config)))
         assert rc.checkpoint_config is not None and rc.failure_config is not None
         manager = CheckpointManager(rc.checkpoint_config, storage.delete_checkpoint)
         manager.load(storage.list_checkpoints())
