@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainforge._internal.result import Result, TrainingReport
@@ -29,3 +32,25 @@ class Callback:
 
     def on_run_end(self, result: Result) -> None:
         pass
+
+
+_starting = threading.local()
+
+
+@contextlib.contextmanager
+def run_starting(trainer: Any, storage: Any) -> Iterator[None]:
+    """While ``on_run_start`` hooks run: the trainer and its ``StorageContext``, for
+    :func:`starting_run` (the hooks get the run's path only; a tracker sink needs its config,
+    metadata and storage too)."""
+    previous = getattr(_starting, "run", None)
+    _starting.run = (trainer, storage)
+    try:
+        yield
+    finally:
+        _starting.run = previous
+
+
+def starting_run() -> tuple[Any, Any]:
+    """(trainer, storage) of the run whose ``on_run_start`` hooks this thread is running, or
+    (None, None) outside of them."""
+    return getattr(_starting, "run", None) or (None, None)

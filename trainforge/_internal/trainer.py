@@ -15,6 +15,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from trainforge._internal.backend import BackendConfig, resolve_backend
+from trainforge._internal.callback import run_starting
 from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.checkpoint_manager import CheckpointManager
 from trainforge._internal.config import RunConfig, ScalingConfig
@@ -468,8 +469,9 @@ class DataParallelTrainer:
         hooks.on_failure = functools.partial(self._record_failures, storage, log_dir, controller)
         self._save_state(storage, "running")
         restorable = self._save_trainer(storage)
-        for cb in callbacks:
-            cb.on_run_start(storage.run_path, self.scaling_config.num_workers)
+        with run_starting(self, storage):
+            for cb in callbacks:
+                cb.on_run_start(storage.run_path, self.scaling_config.num_workers)
         terminate = _TerminateSignal()
         terminate.install()
         status = "interrupted"
