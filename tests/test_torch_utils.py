@@ -47,7 +47,8 @@ def no_world_env(monkeypatch):
 
 # -- public surface ---------------------------------------------------------------------------------
 def test_public_all():
-    assert tt.__all__ == ["TorchTrainer", "TorchConfig", "prepare_model", "prepare_data_loader", "get_device"]
+    assert tt.__all__ == ["TorchTrainer", "TorchConfig", "prepare_model", "prepare_data_loader", "get_device",
+                          "accelerate", "prepare_optimizer", "backward"]  # fmt: skip
     for name in tt.__all__:
         assert callable(getattr(tt, name))
 

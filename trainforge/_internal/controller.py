@@ -294,7 +294,9 @@ class Controller:
                         self.attempt)
             metadata = self.group.worker_metadata
             for cb in self.hooks.callbacks:
-                cb.on_workers_start(metadata)
+                hook = getattr(cb, "on_workers_start", None)  # optional: callbacks need not subclass Callback
+                if hook is not None:
+                    hook(metadata)
             if self.hooks.after_start is not None:
                 elastic = self.scaling is not None and self.scaling.scaling.elastic
                 self.hooks.after_start(len(self._specs), elastic or self.policy.allows(len(self.failures) + 1))

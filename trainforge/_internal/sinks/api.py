@@ -2,7 +2,7 @@
 training path), and ``TrialInfo``: the run a sink logs.
 
 A sink is a driver-side :class:`~trainforge.Callback`: pass it in ``trainforge.RunConfig(callbacks=[...])``
-for a ``fit()``, or in ``trainforge.tune.RunConfig(callbacks=[...])`` for a ``Tuner`` (every trial
+for a ``fit()``, or in tune's ``RunConfig(callbacks=[...])`` for a ``Tuner`` (every trial
 is a run; the same sink object logs them all, one tracker run per trial). Its driver hooks only
 queue the event (see ``drain``); its ``log_trial_*`` hooks run on the sink's own thread, in order.
 
