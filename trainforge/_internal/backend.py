@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 
@@ -39,6 +41,12 @@ class BackendConfig:
     def to_dict(self) -> dict[str, Any]:
         return {}
 
+    @property
+    def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+        """A function returning the context manager each worker runs the train loop in (Ray Train's
+        hook; XGBoost enters its collective communicator here). Picklable: it is sent to the workers."""
+        return contextlib.nullcontext
+
 
 class Backend:
     """Lifecycle hooks run on the driver with the worker group.
@@ -46,7 +54,9 @@ class Backend:
     ``worker_group.execute(fn, *args, **kwargs)`` runs ``fn`` on every worker and returns the list of
     results in rank order; ``worker_group.execute_single(rank, fn, ...)`` runs it on one worker.
     ``on_start`` runs after the workers are up (set up process groups, environment variables),
-    ``on_training_start`` right before the train loop starts, ``on_shutdown`` after it ended.
+    ``on_training_start`` right before the train loop starts, ``on_shutdown`` after it ended (on
+    the workers, which are still up: a clean finish only), ``on_attempt_end`` after the workers
+    stopped, whatever the outcome.
     """
 
     share_cuda_visible_devices: bool = False
@@ -59,6 +69,11 @@ class Backend:
 
     def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
         pass
+
+    def on_attempt_end(self, backend_config: BackendConfig) -> None:
+        """trainforge extension, on the driver: the attempt's workers are gone, however it ended (a
+        clean finish, a failed worker, a resize, Ctrl-C). Release what ``on_start`` holds in the
+        driver (XGBoost's tracker) so that the next attempt starts afresh."""
 
 
 def resolve_backend(config: BackendConfig) -> Backend:

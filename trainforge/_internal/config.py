@@ -165,12 +165,20 @@ class CheckpointConfig:
     always kept in addition, so a run can always resume from where it stopped (as in Ray Train).
     ``checkpoint_upload_mode`` is the run's default for ``report(checkpoint_upload_mode=...)``
     (trainforge extension; SYNC by default).
+
+    ``checkpoint_frequency`` and ``checkpoint_at_end`` (Ray Train's fields) apply where trainforge's
+    own loop decides when to checkpoint: the ``params=`` form of ``XGBoostTrainer`` and
+    ``LightGBMTrainer`` saves the model every ``checkpoint_frequency`` boosting rounds (0: never
+    during training) and at the end unless ``checkpoint_at_end=False``. A train loop of your own
+    checkpoints whenever it passes ``report(checkpoint=...)``.
     """
 
     num_to_keep: int | None = None
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: str = "max"
     checkpoint_upload_mode: CheckpointUploadMode | str = CheckpointUploadMode.SYNC
+    checkpoint_frequency: int = 0
+    checkpoint_at_end: bool | None = None
 
     def __post_init__(self) -> None:
         self.checkpoint_upload_mode = CheckpointUploadMode.parse(
@@ -184,6 +192,11 @@ class CheckpointConfig:
         attr = self.checkpoint_score_attribute
         if attr is not None and not isinstance(attr, str):
             raise _bad("CheckpointConfig", "checkpoint_score_attribute", attr, "use a metric name (str) or None")
+        f = self.checkpoint_frequency
+        if isinstance(f, bool) or not isinstance(f, int) or f < 0:
+            raise _bad("CheckpointConfig", "checkpoint_frequency", f, "use an integer >= 0 (0: no periodic checkpoint)")
+        if self.checkpoint_at_end not in (None, True, False):
+            raise _bad("CheckpointConfig", "checkpoint_at_end", self.checkpoint_at_end, "use True, False or None")
 
 
 @dataclass

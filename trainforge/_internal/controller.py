@@ -489,7 +489,15 @@ class Controller:
 
     def _stop_group(self, graceful: bool) -> None:
         if self.group is not None:
-            self.group.shutdown(graceful=graceful)
+            try:
+                self.group.shutdown(graceful=graceful)
+            finally:
+                hook = getattr(self.backend, "on_attempt_end", None)  # optional on duck-typed backends
+                if hook is not None:
+                    try:
+                        hook(self.backend_config)
+                    except Exception as exc:  # releasing must not hide the attempt's outcome
+                        logger.warning("backend on_attempt_end failed: %s", exc)
 
     # -- result -----------------------------------------------------------------------------------
     def result(self) -> Result:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,8 @@ class TrainPayload:
     checkpoint: Checkpoint | None
     shards: dict[str, Any]
     upload_mode: str = "SYNC"  # the run's default CheckpointUploadMode (its value)
+    # BackendConfig.train_func_context: the context manager factory the loop runs in (None: none).
+    train_func_context: Callable[[], Any] | None = None
 
 
 def run_train_payload(blob: bytes, send: Callable[[tuple], None]) -> int:
@@ -87,9 +90,10 @@ def _run_train_payload(blob: bytes, send: Callable[[tuple], None]) -> int:
     try:
         args = (payload.config if payload.config is not None else {},) if payload.takes_config else ()
         try:
-            out = payload.train_fn(*args)
-            if inspect.isawaitable(out):
-                asyncio.run(_await(out))
+            with payload.train_func_context() if payload.train_func_context is not None else nullcontext():
+                out = payload.train_fn(*args)
+                if inspect.isawaitable(out):
+                    asyncio.run(_await(out))
         except SystemExit as exc:
             # sys.exit(0) in the loop is a normal end (see worker_main): its uploads must finish too.
             session.close(wait=exc.code in (0, None))

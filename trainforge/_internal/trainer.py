@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
@@ -383,6 +384,11 @@ class DataParallelTrainer:
         # Ray Data splits are made anew for every attempt (a split serves one group of consumers).
         per_attempt = any(is_ray_dataset(v) for v in (self.datasets or {}).values())
 
+        # The context each worker runs the loop in (BackendConfig.train_func_context); none by default.
+        train_func_context = getattr(self.backend_config, "train_func_context", None)
+        if train_func_context is contextlib.nullcontext:
+            train_func_context = None
+
         def make(attempt: int, checkpoint: Checkpoint | None, specs: list[WorkerSpec]) -> list[bytes]:
             n = len(specs)
             if n not in shards_by_size or per_attempt:  # an elastic resize re-shards for the new size
@@ -412,6 +418,7 @@ class DataParallelTrainer:
                     checkpoint=checkpoint,
                     shards=shards[spec.rank],
                     upload_mode=self.run_config.checkpoint_config.checkpoint_upload_mode.value,  # type: ignore[union-attr]
+                    train_func_context=train_func_context,
                 )
                 payloads.append(cloudpickle.dumps(payload))
             return payloads

@@ -19,6 +19,7 @@ import inspect
 from typing import Any
 
 from trainforge import DataParallelTrainer, RunConfig, ScalingConfig
+from trainforge._internal.backend import resolve_backend
 from trainforge.tune._variants import merge_config
 
 RESOURCES_ATTR = "_trainforge_tune_resources"
@@ -156,14 +157,22 @@ def make_trial_trainer(
 ) -> DataParallelTrainer:  # fmt: skip
     """The trainer whose ``fit_iter()`` is the trial."""
     if is_trainer(trainable):
-        unknown = sorted(set(config) - {"train_loop_config", "scaling_config"})
+        # A trainer may take more top-level keys into its train_loop_config (the params= form of
+        # XGBoostTrainer / LightGBMTrainer: param_space={"params": {...}}, as in Ray Tune).
+        top_keys = tuple(getattr(trainable, "_param_space_keys", ()))
+        unknown = sorted(set(config) - {"train_loop_config", "scaling_config", *top_keys})
         if unknown:
+            also = "".join(f", {k!r}: ..." for k in top_keys)
             raise ValueError(
                 f"param_space key(s) {unknown} are not valid for a trainer trainable: use "
-                "param_space={'train_loop_config': {...}, 'scaling_config': ScalingConfig(...)}"
+                f"param_space={{'train_loop_config': {{...}}, 'scaling_config': ScalingConfig(...){also}}}"
             )
         trainer = copy.copy(trainable)
+        trainer._backend = resolve_backend(trainer.backend_config)  # its own: a backend may hold driver state
         trainer.train_loop_config = merge_config(trainable.train_loop_config or {}, config.get("train_loop_config") or {})
+        top = {key: config[key] for key in top_keys if key in config}
+        if top:
+            trainer.train_loop_config = merge_config(trainer.train_loop_config, top)
         if "scaling_config" in config:
             trainer.scaling_config = config["scaling_config"]
         trainer.run_config = run_config

@@ -1,0 +1,119 @@
+"""``XGBoostTrainer``: a ``DataParallelTrainer`` whose workers share XGBoost's collective, with the
+built-in loop of Ray Train's ``params=`` / ``label_column=`` form."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from trainforge._internal.checkpoint import Checkpoint
+from trainforge._internal.gbdt import GBDTTrainer, import_in_background, require, shard_frame, split_label
+from trainforge._internal.session import get_checkpoint
+from trainforge.xgboost._config import XGBoostConfig
+from trainforge.xgboost._imports import EXTRA, import_xgboost
+
+
+def _legacy_loop(config: dict[str, Any]) -> None:
+    """The loop of the ``params=`` form: a DMatrix per dataset (this worker's shard), every one an
+    evaluation set, boosting resumed from the latest checkpoint."""
+    xgboost = import_xgboost()
+    from trainforge.xgboost._callback import RayTrainReportCallback
+
+    label = config["label_column"]
+    dmatrix_params = config.get("dmatrix_params") or {}
+    evals = []
+    for name in config["dataset_names"]:
+        features, labels = split_label(shard_frame(name), label, name)
+        evals.append((xgboost.DMatrix(features, label=labels, **dmatrix_params.get(name, {})), name))
+    start, rounds = None, config["num_boost_round"]
+    checkpoint = get_checkpoint()
+    if checkpoint is not None:
+        start = RayTrainReportCallback.get_model(checkpoint)
+        rounds = max(0, rounds - start.num_boosted_rounds())
+    callback = RayTrainReportCallback(
+        frequency=config["checkpoint_frequency"], checkpoint_at_end=config["checkpoint_at_end"]
+    )
+    callback._final_rounds = config["num_boost_round"]  # the end's checkpoint with the last round's report
+    xgboost.train(
+        config["params"], evals[0][0], num_boost_round=rounds, evals=evals, xgb_model=start,
+        callbacks=[callback], **(config.get("train_kwargs") or {}),
+    )  # fmt: skip
+
+
+class XGBoostTrainer(GBDTTrainer):
+    """Distributed XGBoost: each worker trains on its shard of the data, the workers allreduce
+    XGBoost's histograms through its collective (a tracker in the driver, fresh for every attempt).
+
+    With a train loop (Ray Train's current form)::
+
+        def train_loop(config):
+            frame = ...  # trainforge.get_dataset_shard("train").iter_batches(batch_size=None, batch_format="pandas")
+            dtrain = xgboost.DMatrix(frame.drop(columns=["target"]), label=frame["target"])
+            xgboost.train(config["params"], dtrain, num_boost_round=50, evals=[(dtrain, "train")],
+                          callbacks=[RayTrainReportCallback(frequency=10)])
+
+        XGBoostTrainer(train_loop, train_loop_config={"params": {"objective": "binary:logistic"}},
+                       datasets={"train": df}, scaling_config=ScalingConfig(num_workers=2)).fit()
+
+    Or without one (``params``, ``label_column``, ``num_boost_round``; every dataset is an
+    evaluation set, split across the workers; checkpoints every
+    ``CheckpointConfig.checkpoint_frequency`` rounds and at the end; a restart continues boosting
+    from the latest)::
+
+        XGBoostTrainer(params={"objective": "binary:logistic", "eval_metric": ["logloss", "error"]},
+                       label_column="target", num_boost_round=50,
+                       datasets={"train": train_df, "valid": valid_df},
+                       scaling_config=ScalingConfig(num_workers=2)).fit()
+
+    ``dmatrix_params``: ``{dataset name: DMatrix kwargs}``; further keyword arguments go to
+    ``xgboost.train``. The model: :meth:`get_model` of the result's checkpoint.
+    """
+
+    _framework = "xgboost"
+    _config_arg = "xgboost_config"
+    _preload_modules = ("xgboost",)
+    _legacy_loop = staticmethod(_legacy_loop)
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any] | None = None,
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        xgboost_config: XGBoostConfig | None = None,
+        scaling_config: Any = None,
+        run_config: Any = None,
+        datasets: dict[str, Any] | None = None,
+        dataset_config: Any = None,
+        metadata: dict[str, Any] | None = None,
+        resume_from_checkpoint: Any = None,
+        worker_init_fn: Callable[[], Any] | None = None,
+        label_column: str | None = None,
+        params: dict[str, Any] | None = None,
+        num_boost_round: int | None = None,
+        dmatrix_params: dict[str, dict[str, Any]] | None = None,
+        **train_kwargs: Any,
+    ):
+        if xgboost_config is None:
+            xgboost_config = XGBoostConfig()
+        elif not isinstance(xgboost_config, XGBoostConfig):
+            raise TypeError(
+                f"XGBoostTrainer(xgboost_config={xgboost_config!r}) must be a trainforge.xgboost.XGBoostConfig."
+            )
+        require("xgboost", f"XGBoostTrainer needs xgboost, which is not installed: {EXTRA}.")
+        import_in_background("xgboost.tracker")  # the backend's tracker, needed once the workers are up
+        legacy = {
+            "label_column": label_column, "params": params, "num_boost_round": num_boost_round,
+            "dmatrix_params": dmatrix_params, "train_kwargs": train_kwargs,
+        }  # fmt: skip
+        self._init_gbdt(
+            train_loop_per_worker, legacy, train_loop_config=train_loop_config, backend_config=xgboost_config,
+            datasets=datasets, dataset_config=dataset_config, run_config=run_config, scaling_config=scaling_config,
+            metadata=metadata, resume_from_checkpoint=resume_from_checkpoint, worker_init_fn=worker_init_fn,
+        )  # fmt: skip
+
+    @classmethod
+    def get_model(cls, checkpoint: Checkpoint) -> Any:
+        """The ``xgboost.Booster`` saved in ``checkpoint`` (by :class:`RayTrainReportCallback`)."""
+        from trainforge.xgboost._callback import RayTrainReportCallback
+
+        return RayTrainReportCallback.get_model(checkpoint)
