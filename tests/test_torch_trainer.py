@@ -85,7 +85,9 @@ def test_torch_config_backend_and_single_worker(tmp_path, executor):
     def loop():
         import torch.distributed as dist
 
-        train.report({"init": dist.is_initialized(), "world": dist.get_world_size()})
+        # ACCELERATE_TORCH_DEVICE: where Hugging Face Accelerate puts the model (the worker's device)
+        train.report({"init": dist.is_initialized(), "world": dist.get_world_size(),
+                      "accelerate": os.environ.get("ACCELERATE_TORCH_DEVICE")})  # fmt: skip
 
     result = TorchTrainer(
         loop,
@@ -93,7 +95,7 @@ def test_torch_config_backend_and_single_worker(tmp_path, executor):
         scaling_config=ScalingConfig(num_workers=1, executor=executor),
         run_config=_rc(tmp_path),
     ).fit()
-    assert result.metrics == {"init": True, "world": 1}
+    assert result.metrics == {"init": True, "world": 1, "accelerate": "cpu"}
 
 
 def test_torch_trainer_rejects_wrong_config_type():

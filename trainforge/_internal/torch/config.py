@@ -200,6 +200,12 @@ def _setup_process_group(
     if backend == "nccl":
         count = torch.cuda.device_count()
         torch.cuda.set_device(int(os.environ.get(ENV_LOCAL_RANK, "0")) % count)
+    # Hugging Face Accelerate (under transformers' Trainer) places the model on get_device(), as with Ray Train.
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        os.environ["ACCELERATE_TORCH_DEVICE"] = f"cuda:{int(os.environ.get(ENV_LOCAL_RANK, '0')) % count}"
+    else:
+        os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"
     if dist.is_initialized():  # a previous attempt in this process left one behind
         dist.destroy_process_group()
     dist.init_process_group(
