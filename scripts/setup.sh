@@ -48,4 +48,8 @@ fi
 echo "setup: installing torch==2.13.0 (CPU), then $requirements ($profile) into .venv"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$requirements"
+if [ "$profile" = dev ]; then
+  # Keras 2 for trainforge.tensorflow, matching tensorflow-cpu (see requirements-dev.txt for --no-deps).
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "tf-keras==2.21.0"
+fi
 digest "$requirements" > "$stamp"

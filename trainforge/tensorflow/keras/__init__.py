@@ -1,0 +1,36 @@
+"""Keras in a trainforge train loop (Ray Train's ``tensorflow.keras`` names).
+
+Example::
+
+    from trainforge.tensorflow.keras import ReportCheckpointCallback
+
+    def train_loop(config):
+        import tensorflow as tf
+
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        with strategy.scope():
+            model = build_and_compile_model()
+        model.fit(dataset, epochs=config["epochs"], callbacks=[ReportCheckpointCallback()])
+
+Keras is tf-keras (Keras 2), whose version matches TensorFlow's minor version (tf-keras 2.21.x for
+TensorFlow 2.21): ``pip install 'tf-keras~=2.21.0' --no-deps``. ``import trainforge.tensorflow.keras``
+does not import TensorFlow; the first use of ``ReportCheckpointCallback`` does, and raises
+``ImportError`` naming what to install when TensorFlow or tf-keras is missing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainforge.tensorflow.keras._callback import ReportCheckpointCallback
+
+__all__ = ["ReportCheckpointCallback"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ReportCheckpointCallback":
+        from trainforge.tensorflow.keras import _callback
+
+        return _callback.ReportCheckpointCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
