@@ -54,6 +54,7 @@ class SinkRun:
     trial: TrialInfo
     upload: Any = None  # called after the run's end with its local directory (remote storage)
     started: bool = False  # log_trial_start returned
+    refused: BaseException | None = None  # the sink's claim on the run's files failed (another writes them)
     discard: bool = False  # the flush timed out: results still queued are dropped
     ended: bool = False  # end_run was called
     results: int = 0  # reported
@@ -98,6 +99,14 @@ class Drain:
     # -- driver side: never blocks (except end_run's bounded wait), never raises ------------------
     def start_run(self, trial: TrialInfo, upload: Any = None) -> None:
         run = SinkRun(trial, upload)
+        # A file sink claims its files here, in the order the runs start, not on its thread: of two sinks
+        # of one kind writing the same file, the first to start wins even if the other's thread runs first.
+        claim = getattr(self.sink, "claim_run", None)
+        if claim is not None:
+            try:
+                claim(trial)
+            except Exception as exc:  # noqa: BLE001 - reported by _start, on the sink's thread
+                run.refused = exc
         me = threading.get_ident()
         with self._cond:
             stale = self._by_thread.get(me)
@@ -213,6 +222,9 @@ class Drain:
             i += 1
 
     def _start(self, run: SinkRun) -> None:
+        if run.refused is not None:
+            self._failed(run.refused, "log_trial_start", run)
+            return
         try:
             self.sink.log_trial_start(run.trial)
             run.started = True

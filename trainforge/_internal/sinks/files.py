@@ -82,6 +82,9 @@ class JsonLoggerCallback(LoggerCallback):
     def _open(self) -> dict[TrialInfo, tuple[IO[str], int]]:
         return self.__dict__.setdefault("_files", {})
 
+    def claim_run(self, trial: TrialInfo) -> None:
+        claim(self, os.path.join(trial.local_path, RESULT_FILE))
+
     def log_trial_start(self, trial: TrialInfo) -> None:
         os.makedirs(trial.local_path, exist_ok=True)
         path = os.path.join(trial.local_path, RESULT_FILE)
@@ -142,6 +145,9 @@ class CSVLoggerCallback(LoggerCallback):
 
     def _open(self) -> dict[TrialInfo, _CsvFile]:
         return self.__dict__.setdefault("_files", {})
+
+    def claim_run(self, trial: TrialInfo) -> None:
+        claim(self, os.path.join(trial.local_path, PROGRESS_FILE))
 
     def log_trial_start(self, trial: TrialInfo) -> None:
         os.makedirs(trial.local_path, exist_ok=True)

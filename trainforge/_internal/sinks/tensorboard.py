@@ -49,6 +49,9 @@ class TBXLoggerCallback(LoggerCallback):
     def _trial_writers(self) -> dict[TrialInfo, _TrialWriter]:
         return self.__dict__.setdefault("_writers", {})
 
+    def claim_run(self, trial: TrialInfo) -> None:
+        claim(self, trial.local_path)
+
     def log_trial_start(self, trial: TrialInfo) -> None:
         import tensorboardX  # noqa: F401 - fail here (logged once) rather than at the first result
 
