@@ -11,6 +11,10 @@ import pytest
 
 import trainforge
 import trainforge.backend
+import trainforge.model
+import trainforge.sgd
+import trainforge.sgd.torch
+import trainforge.sgd.utils
 import trainforge.torch
 from trainforge._internal.train_fn import check_train_loop
 
@@ -57,8 +61,18 @@ def test_backend_all_is_pinned():
     ]  # fmt: skip
 
 
+def test_model_and_sgd_all_are_pinned():
+    assert trainforge.model.__all__ == ["BATCH_SIZE", "EarlyStopping", "LoopConfig", "Model", "ModelTrainer"]
+    assert trainforge.sgd.__all__ == trainforge.sgd.torch.__all__ == ["TorchTrainer", "TrainingOperator"]
+    assert trainforge.sgd.utils.__all__ == [
+        "AverageMeter", "AverageMeterCollection", "BATCH_COUNT", "BATCH_SIZE", "NUM_SAMPLES"]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "module", [trainforge, trainforge.torch, trainforge.backend], ids=lambda m: m.__name__
+    "module",
+    [trainforge, trainforge.torch, trainforge.backend, trainforge.model, trainforge.sgd, trainforge.sgd.torch,
+     trainforge.sgd.utils],
+    ids=lambda m: m.__name__,
 )
 def test_every_exported_name_exists(module):
     assert len(set(module.__all__)) == len(module.__all__)
@@ -79,7 +93,8 @@ def test_ray_style_names():
 
 def test_import_is_light():
     code = (
-        "import sys, trainforge, trainforge.torch, trainforge.backend, trainforge.server\n"
+        "import sys, trainforge, trainforge.torch, trainforge.backend, trainforge.server, trainforge.model\n"
+        "import trainforge.sgd, trainforge.sgd.torch, trainforge.sgd.utils\n"
         "heavy = [m for m in ('torch', 'ray', 'pandas', 'pyarrow', 'fastapi', 'uvicorn', 'httpx') if m in sys.modules]\n"
         "print('HEAVY=' + ','.join(heavy))\n"
     )

@@ -2,6 +2,8 @@
 
 - a function ``f(config)`` (or ``async def``) that calls ``tune.report``: the trial is a run of one
   worker process executing it (its resources: ``with_resources``, default 1 CPU);
+- a ``trainforge.model.Model`` subclass: as ``ModelTrainer(MyModel)`` (below), searching
+  ``MyModel.hyperparameter_space()`` when no ``param_space`` is given;
 - a trainer (``DataParallelTrainer``, ``TorchTrainer``, ...): the trial is that trainer's run with
   ``param_space["train_loop_config"]`` deep-merged into its config and ``["scaling_config"]`` in place
   of its own; rank 0's reports are the trial's results.
@@ -85,6 +87,26 @@ def with_resources(trainable: Any, resources: dict[str, float] | Any) -> Any:
         target = awrapped
     setattr(target, RESOURCES_ATTR, {k: v for k, v in request.items() if v > 0})
     return target
+
+
+def as_model_trainer(trainable: Any, param_space: dict[str, Any] | None) -> tuple[Any, dict[str, Any] | None]:
+    """``Tuner(MyModel)``: a ``trainforge.model.Model`` subclass is trained by a default
+    ``ModelTrainer(MyModel)``; a ModelTrainer given no ``param_space`` searches its model's
+    ``hyperparameter_space()`` (the model's config, i.e. ``{"train_loop_config": space}``)."""
+    from trainforge.model import Model, ModelTrainer
+
+    if inspect.isclass(trainable) and issubclass(trainable, Model):
+        trainable = ModelTrainer(trainable)
+    if param_space is None and isinstance(trainable, ModelTrainer):
+        space = trainable.model_cls.hyperparameter_space()
+        if space is not None:
+            if not isinstance(space, dict):
+                raise ValueError(
+                    f"{trainable.model_cls.__qualname__}.hyperparameter_space() returned {space!r}: return a dict "
+                    "of config keys to search spaces (e.g. {'lr': tune.loguniform(1e-4, 1e-1)}) or None."
+                )
+            param_space = {"train_loop_config": dict(space)}
+    return trainable, param_space
 
 
 def is_trainer(trainable: Any) -> bool:

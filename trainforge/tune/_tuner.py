@@ -25,7 +25,7 @@ from trainforge.tune._progress import ProgressTable
 from trainforge.tune._result import Result, ResultGrid
 from trainforge.tune._server import connect as connect_server
 from trainforge.tune._stopper import make_stopper
-from trainforge.tune._trainable import check_trainable, is_trainer
+from trainforge.tune._trainable import as_model_trainer, check_trainable, is_trainer
 from trainforge.tune._variants import has_unresolved, validate_param_space
 from trainforge.tune._warm import warm_processes
 from trainforge.tune.schedulers import FIFOScheduler
@@ -43,7 +43,9 @@ class Tuner:
     """Search ``param_space`` for the best configuration of ``trainable`` (Ray Tune's ``Tuner``).
 
     ``trainable``: a function ``f(config)`` (or ``async def``) calling ``tune.report``, or a trainer
-    (``param_space={"train_loop_config": {...}, "scaling_config": ScalingConfig(...)}``). Every trial
+    (``param_space={"train_loop_config": {...}, "scaling_config": ScalingConfig(...)}``), or a
+    ``trainforge.model.Model`` subclass (trained by ``ModelTrainer(MyModel)``; without
+    ``param_space``, ``MyModel.hyperparameter_space()`` is the search space of its config). Every trial
     is a train run in ``{storage_path}/{name}/{trial}``. Running a tuner whose experiment directory
     already holds an unfinished experiment continues it (as :meth:`restore`): finished trials are
     kept, unfinished ones resume from their latest checkpoint.
@@ -58,6 +60,7 @@ class Tuner:
     def __init__(self, trainable: Any, *, param_space: dict[str, Any] | None = None,
                  tune_config: TuneConfig | None = None, run_config: Any = None,
                  _restored: dict[str, Any] | None = None):  # fmt: skip
+        trainable, param_space = as_model_trainer(trainable, param_space)
         check_trainable(trainable)
         self.trainable = trainable
         self.param_space = dict(param_space or {})
@@ -235,6 +238,9 @@ def _capacity(server: Client | None = None) -> dict[str, float]:
 
 
 def _name(trainable: Any) -> str:
+    model_cls = getattr(trainable, "model_cls", None)  # a ModelTrainer: named after its model
+    if is_trainer(trainable) and model_cls is not None:
+        return str(model_cls.__name__)
     if is_trainer(trainable):
         return type(trainable).__name__
     return getattr(trainable, "__name__", "trainable")
