@@ -21,93 +21,34 @@ from trainforge import TrainingFailedError  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# -- RaySGD's example (python/ray/util/sgd/torch/examples/train_example.py), verbatim but for -------
-# -- the imports and the Ray Client line (see examples/raysgd_linear.py) ---------------------------
-# fmt: off
-import numpy as np  # noqa: E402
+# -- RaySGD's example (python/ray/util/sgd/torch/examples/train_example.py) with only its imports ----
+# -- changed: examples/raysgd_linear.py, loaded here from its file (its functions pickled by value) -
+import importlib.util  # noqa: E402
+
+import cloudpickle  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-from trainforge.sgd import TorchTrainer  # noqa: E402  (was: from ray.util.sgd import TorchTrainer)
-from trainforge.sgd.torch import TrainingOperator  # noqa: E402  (was: from ray.util.sgd.torch import ...)
+from trainforge.sgd import TorchTrainer  # noqa: E402
+from trainforge.sgd.torch import TrainingOperator  # noqa: E402
 
 
-class LinearDataset(torch.utils.data.Dataset):
-    """y = a * x + b"""
-
-    def __init__(self, a, b, size=1000):
-        x = np.arange(0, 10, 10 / size, dtype=np.float32)
-        self.x = torch.from_numpy(x)
-        self.y = torch.from_numpy(a * x + b)
-
-    def __getitem__(self, index):
-        return self.x[index, None], self.y[index, None]
-
-    def __len__(self):
-        return len(self.x)
+def _load_example(name: str):
+    spec = importlib.util.spec_from_file_location(f"_example_{name}", os.path.join(REPO, "examples", f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)  # the workers cannot import it by name
+    return module
 
 
-def model_creator(config):
-    """Returns a torch.nn.Module object."""
-    return nn.Linear(1, config.get("hidden_size", 1))
-
-
-def optimizer_creator(model, config):
-    """Returns optimizer defined upon the model parameters."""
-    return torch.optim.SGD(model.parameters(), lr=config.get("lr", 1e-2))
-
-
-def scheduler_creator(optimizer, config):
-    """Returns a learning rate scheduler wrapping the optimizer."""
-    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.9)
-
-
-def data_creator(config):
-    """Returns training dataloader, validation dataloader."""
-    train_dataset = LinearDataset(2, 5, size=config.get("data_size", 1000))
-    val_dataset = LinearDataset(2, 5, size=config.get("val_size", 400))
-    train_loader = torch.utils.data.DataLoader(
-        train_dataset,
-        batch_size=config.get("batch_size", 32),
-    )
-    validation_loader = torch.utils.data.DataLoader(
-        val_dataset,
-        batch_size=config.get("batch_size", 32))
-    return train_loader, validation_loader
-
-
-def train_example(num_workers=1, use_gpu=False):
-    CustomTrainingOperator = TrainingOperator.from_creators(
-        model_creator=model_creator, optimizer_creator=optimizer_creator,
-        data_creator=data_creator, scheduler_creator=scheduler_creator,
-        loss_creator=nn.MSELoss)
-    trainer1 = TorchTrainer(
-        training_operator_cls=CustomTrainingOperator,
-        num_workers=num_workers,
-        use_gpu=use_gpu,
-        config={
-            "lr": 1e-2,  # used in optimizer_creator
-            "hidden_size": 1,  # used in model_creator
-            "batch_size": 4,  # used in data_creator
-        },
-        backend="gloo",
-        scheduler_step_freq="epoch")
-    for i in range(5):  # noqa: B007 - RaySGD's code as it is
-        stats = trainer1.train()
-        print(stats)
-
-    print(trainer1.validate())
-
-    m = trainer1.get_model()
-    print("trained weight: % .2f, bias: % .2f" % (  # noqa: UP031
-        m.weight.item(), m.bias.item()))
-    trainer1.shutdown()
-    print("success!")
-# fmt: on
+raysgd_linear = _load_example("raysgd_linear")
+model_creator = raysgd_linear.model_creator
 
 
 @pytest.mark.slow
 def test_raysgd_linear_regression_example(capsys):
-    train_example(num_workers=1)
+    raysgd_linear.train_example(num_workers=1)
     out = capsys.readouterr().out
     stats = [eval(line) for line in out.splitlines() if line.startswith("{'epoch'")]  # noqa: S307 - our own output
     assert [s["epoch"] for s in stats] == [1, 2, 3, 4, 5]
