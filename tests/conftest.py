@@ -116,10 +116,50 @@ def executor(request):
     return request.param
 
 
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    """moto's S3 server on 127.0.0.1 (an ephemeral port), one per test module."""
+    import logging
+
+    moto_server = pytest.importorskip("moto.server")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def bucket(moto_endpoint, monkeypatch, tmp_path) -> str:
+    """A fresh bucket; the environment points boto (and so s3fs, in the driver and the workers) at moto."""
+    import uuid
+
+    s3fs = pytest.importorskip("s3fs")
+    boto3 = pytest.importorskip("boto3")
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no_aws_config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no_aws_credentials"))
+    monkeypatch.setenv("TRAINFORGE_STORAGE_RETRY_DELAY_S", "0.01")
+    s3fs.S3FileSystem.clear_instance_cache()  # instances made for another server or environment
+    name = f"tf-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    yield name
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
 @pytest.fixture(autouse=True)
 def _isolated_storage(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINFORGE_STORAGE_PATH", str(tmp_path / "results"))
     monkeypatch.setenv("TRAINFORGE_SHUTDOWN_GRACE_S", "3")
+    # The model registry and its local cache of pulled versions: never the user's ~/trainforge/registry.
+    monkeypatch.setenv("TRAINFORGE_REGISTRY", str(tmp_path / "registry"))
+    monkeypatch.setenv("TRAINFORGE_REGISTRY_CACHE", str(tmp_path / "registry-cache"))
     # No test finds a train server of this machine's user by accident (a tuner would send its trials
     # there): tests that want one start it (the train_server fixture sets these again).
     monkeypatch.setenv("TRAINFORGE_SERVER_DIR", str(tmp_path / "no-server"))

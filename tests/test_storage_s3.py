@@ -10,7 +10,6 @@ import logging
 import os
 import socket
 import tempfile
-import uuid
 from pathlib import Path
 
 import pytest
@@ -21,37 +20,8 @@ from trainforge._internal.exceptions import StorageError
 from trainforge._internal.storage import COMMIT_MARKER, StorageContext, resolve_filesystem
 
 s3fs = pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
 boto3 = pytest.importorskip("boto3")
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def bucket(moto_endpoint, monkeypatch, tmp_path) -> str:
-    """A fresh bucket; the environment points boto (and so s3fs, in the driver and the workers) at moto."""
-    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_PROFILE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no_aws_config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no_aws_credentials"))
-    monkeypatch.setenv("TRAINFORGE_STORAGE_RETRY_DELAY_S", "0.01")
-    s3fs.S3FileSystem.clear_instance_cache()  # instances made for another server or environment
-    name = f"tf-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3").create_bucket(Bucket=name)
-    yield name
-    s3fs.S3FileSystem.clear_instance_cache()
+# The moto server (moto_endpoint) and a fresh bucket per test (bucket) are fixtures of conftest.py.
 
 
 def keys(bucket: str, prefix: str = "") -> list[str]:

@@ -45,6 +45,25 @@ class Checkpoint:
             )
         return cls(os.path.abspath(path))
 
+    @classmethod
+    def from_uri(cls, uri: str | os.PathLike) -> Checkpoint:
+        """A checkpoint by URI: a registered model version (``models:/name/3``,
+        ``models:/name@production``, ``models:/name``; its local copy, pulled and verified on first
+        use, from ``Registry()`` or the registry named by ``?registry=<url>``), a URL of any fsspec
+        filesystem (``s3://bucket/run/checkpoint_000002``) or a local directory."""
+        uri = os.fspath(uri)
+        if uri.startswith("models:/"):
+            from trainforge.registry import Registry, parse_model_uri
+
+            ref = parse_model_uri(uri)
+            return Registry(ref.registry).get(ref).checkpoint  # type: ignore[no-any-return]
+        if "://" in uri and not uri.startswith("file://"):
+            from trainforge._internal.storage import resolve_filesystem
+
+            fs, path = resolve_filesystem(uri)
+            return cls(path, fs)
+        return cls.from_directory(uri.removeprefix("file://"))
+
     @property
     def is_local(self) -> bool:
         return self.filesystem is None or _is_local_fs(self.filesystem)

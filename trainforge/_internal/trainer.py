@@ -152,7 +152,7 @@ class DataParallelTrainer:
         datasets: dict[str, Any] | None = None,
         dataset_config: Any = None,
         metadata: dict[str, Any] | None = None,
-        resume_from_checkpoint: Checkpoint | None = None,
+        resume_from_checkpoint: Checkpoint | str | None = None,
         worker_init_fn: Callable[[], Any] | None = None,
     ):
         from trainforge._internal.datasets import check_datasets
@@ -183,10 +183,13 @@ class DataParallelTrainer:
                 f"metadata={metadata!r} must be JSON-serializable (it is saved in every checkpoint's "
                 f"metadata): {exc}. Pass strings, numbers, booleans, None, lists and dicts of them."
             ) from exc
+        if isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.startswith("models:/"):
+            resume_from_checkpoint = Checkpoint.from_uri(resume_from_checkpoint)  # a registered version
         if resume_from_checkpoint is not None and not isinstance(resume_from_checkpoint, Checkpoint):
             raise TypeError(
                 f"resume_from_checkpoint={resume_from_checkpoint!r} must be a trainforge.Checkpoint "
-                "(e.g. Result.from_path(path).checkpoint or Checkpoint.from_directory(dir))."
+                "(e.g. Result.from_path(path).checkpoint or Checkpoint.from_directory(dir)) or a registered "
+                "model's URI ('models:/name/3', 'models:/name@production')."
             )
         self.resume_from_checkpoint = resume_from_checkpoint
         if worker_init_fn is not None and not callable(worker_init_fn):

@@ -1,0 +1,467 @@
+"""The model registry (``trainforge.registry``) on local disk and on S3 (moto's server on 127.0.0.1):
+references, versions and dedup, aliases and their history, concurrent writers in separate processes,
+a register killed half-way, gc and delete freeing exactly the unreferenced bytes, corrupted blobs,
+resumable pushes and pulls, loading a ``trainforge.model.Model`` in one call, ``models:/`` URIs as
+checkpoints (``resume_from_checkpoint``, ``Checkpoint.from_uri``, a tuner), and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import trainforge
+from trainforge import Checkpoint, DataParallelTrainer, RunConfig, ScalingConfig
+from trainforge.registry import (
+    AliasedVersionError,
+    IntegrityError,
+    ModelRef,
+    Registry,
+    load_model,
+    parse_model_uri,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _dir(root, name: str, files: dict[str, bytes]) -> str:
+    d = os.path.join(str(root), name)
+    for rel, data in files.items():
+        path = os.path.join(d, *rel.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+    return d
+
+
+def _blobs(root: str) -> dict[str, int]:
+    out = {}
+    for dirpath, _, names in os.walk(os.path.join(root, "blobs")):
+        for n in names:
+            if not n.startswith(".tmp-"):
+                out[n] = os.path.getsize(os.path.join(dirpath, n))
+    return out
+
+
+# -- references -----------------------------------------------------------------------------------
+def test_parse_model_uri_forms_and_errors():
+    assert parse_model_uri("models:/digits/3") == ModelRef("digits", 3)
+    assert parse_model_uri("models:/digits@production") == ModelRef("digits", alias="production")
+    assert parse_model_uri("models:/digits") == ModelRef("digits")
+    assert parse_model_uri("digits/latest") == ModelRef("digits")
+    assert parse_model_uri("digits@staging") == ModelRef("digits", alias="staging")
+    assert parse_model_uri("models:/d/2?registry=s3://b/r") == ModelRef("d", 2, registry="s3://b/r")
+    for bad, words in [("models:/d/0", "from 1"), ("models:/d/x", "number"), ("models:/d@12", "read as a version"),
+                       ("models:/bad name", "letters"), ("", "models:/"), ("models:/d?x=1", "registry")]:  # fmt: skip
+        with pytest.raises(ValueError, match=words):
+            parse_model_uri(bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,30}\Z"),
+       version=st.integers(1, 10**6), alias=st.from_regex(r"\A[a-z][a-z0-9_-]{0,20}\Z"))  # fmt: skip
+def test_a_reference_prints_as_it_parses(name, version, alias):
+    for ref in (ModelRef(name, version), ModelRef(name, alias=alias if alias != "latest" else "prod"), ModelRef(name)):
+        assert parse_model_uri(str(ref)) == ref
+
+
+# -- one registry ---------------------------------------------------------------------------------
+def test_register_versions_dedup_and_lineage(tmp_path):
+    reg = Registry(str(tmp_path / "reg"))
+    src = _dir(tmp_path, "ckpt", {"weights.bin": b"w" * 4096, "sub/config.json": b"{}"})
+    mv1 = reg.register("net", src, metrics={"acc": 0.9}, tags={"team": "vision"}, description="first", by="ann")
+    assert (mv1.version, mv1.uri, mv1.size) == (1, "models:/net/1", 4098)
+    assert set(mv1.files) == {"weights.bin", "sub/config.json"}
+    assert reg.last_transfer == {"files_copied": 2, "bytes_copied": 4098, "files_skipped": 0}
+    assert mv1.lineage["checkpoint_path"] == src and mv1.lineage["trainforge_version"] == trainforge.__version__
+    assert mv1.created_by == "ann" and mv1.metrics == {"acc": 0.9}
+    # The same files again, and under another name: stored once.
+    mv2 = reg.register("net", src)
+    reg.register("other", src)
+    assert mv2.version == 2 and reg.last_transfer["files_copied"] == 0 and reg.last_transfer["files_skipped"] == 2
+    assert sum(_blobs(reg.url).values()) == 4098
+    assert [v.version for v in reg.versions("net")] == [1, 2]
+    assert reg.get("net").version == 2 and reg.get("models:/net/1") == mv1
+    m = reg.get_model("net")
+    assert (m.latest_version, m.num_versions, m.aliases) == (2, 2, {})
+    assert [x.name for x in reg.list_models()] == ["net", "other"]
+    # Versions are immutable: the manifest on disk is read-only content, blobs are read-only files.
+    blob = next(iter(_blobs(reg.url)))
+    assert not os.access(os.path.join(reg.url, "blobs", "sha256", blob[:2], blob), os.W_OK) or os.geteuid() == 0
+
+
+def test_a_checkpoint_is_linked_a_directory_copied_and_unchanged_files_not_read_again(tmp_path, monkeypatch):
+    from trainforge.registry import _registry
+
+    reg = Registry(str(tmp_path / "reg"))
+    src = _dir(tmp_path, "ckpt", {"w": b"w" * 5000, "m": b"m" * 10})
+    blob = lambda mv, f: os.path.join(reg.url, "blobs", "sha256", mv.files[f]["sha256"][:2], mv.files[f]["sha256"])  # noqa: E731
+    # A directory: copied (its owner may rewrite it), the copy read-only.
+    mv = reg.register("dir", src)
+    assert os.stat(blob(mv, "w")).st_ino != os.stat(os.path.join(src, "w")).st_ino
+    assert os.stat(blob(mv, "w")).st_mode & 0o222 == 0
+    # A committed checkpoint is never modified: its files are hard-linked, not copied.
+    ck = _dir(tmp_path, "ckpt2", {"x": b"x" * 7000})
+    mv = reg.register("ckpt", Checkpoint.from_directory(ck))
+    assert os.stat(blob(mv, "x")).st_ino == os.stat(os.path.join(ck, "x")).st_ino
+    # Files this machine hashed before (same inode, size, mtime, ctime) are not read again.
+    reads = []
+    real = _registry.sha256_file
+    monkeypatch.setattr(_registry, "sha256_file", lambda p: reads.append(p) or real(p))
+    assert reg.register("dir", src).version == 2 and reads == []
+    with open(os.path.join(src, "m"), "wb") as f:
+        f.write(b"changed")
+    mv3 = reg.register("dir", src)
+    assert reads == [os.path.join(src, "m")] and reg.last_transfer["files_copied"] == 1
+    assert open(os.path.join(reg.local_dir(mv3), "m"), "rb").read() == b"changed"
+
+
+def test_errors_name_what_exists(tmp_path):
+    reg = Registry(str(tmp_path / "reg"))
+    reg.register("net", _dir(tmp_path, "a", {"f": b"1"}))
+    with pytest.raises(KeyError, match=r"no model 'nope'.*\['net'\]"):
+        reg.get("nope/1")
+    with pytest.raises(KeyError, match=r"no version 5.*\[1\]"):
+        reg.get("net/5")
+    with pytest.raises(KeyError, match="no alias 'prod'"):
+        reg.get("net@prod")
+    with pytest.raises(ValueError, match="no such directory"):
+        reg.register("net", str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="name="):
+        reg.register("bad/name", _dir(tmp_path, "b", {"f": b"1"}))
+    with pytest.raises(ValueError, match="model.json"):
+        from trainforge.model import Model
+
+        reg.register("net", _dir(tmp_path, "c", {"f": b"1"}), model_cls=Model)
+    with pytest.raises(ValueError, match="import path"):
+        reg.register("net", _dir(tmp_path, "d", {"f": b"1"}), loader=lambda d: d)
+    with pytest.raises(ValueError, match="records no way to load it"):
+        reg.load("net/1")
+
+
+def test_aliases_move_with_history_and_delete_needs_force(tmp_path):
+    reg = Registry(str(tmp_path / "reg"))
+    for i in range(3):
+        reg.register("net", _dir(tmp_path, f"v{i}", {"w": bytes([i]) * 100}), alias="staging" if i == 0 else None)
+    reg.set_alias("net", "production", 1, by="ann")
+    reg.set_alias("net", "production", 3, by="bob")
+    reg.delete_alias("net", "staging", by="cy")
+    assert reg.get("net@production").version == 3 and reg.get_model("net").aliases == {"production": 3}
+    history = [(m.alias, m.from_version, m.to_version, m.by) for m in reg.alias_history("net")]
+    assert history == [("staging", None, 1, history[0][3]), ("production", None, 1, "ann"),
+                       ("production", 1, 3, "bob"), ("staging", 1, None, "cy")]  # fmt: skip
+    assert [m.to_version for m in reg.alias_history("net", "production")] == [1, 3]
+    with pytest.raises(AliasedVersionError, match="production"):
+        reg.delete_version("net", 3)
+    with pytest.raises(KeyError, match="no alias"):
+        reg.delete_alias("net", "staging")
+    reg.delete_version("net", 3, force=True)
+    assert reg.get_model("net").aliases == {} and reg.alias_history("net", "production")[-1].to_version is None
+    # A deleted number is never given again.
+    assert reg.register("net", _dir(tmp_path, "v9", {"w": b"new"})).version == 4
+
+
+def test_delete_and_gc_free_exactly_the_unreferenced_bytes(tmp_path):
+    reg = Registry(str(tmp_path / "reg"))
+    a, b, c = b"a" * 1000, b"b" * 2000, b"c" * 3000
+    reg.register("net", _dir(tmp_path, "v1", {"a": a, "b": b}))
+    reg.register("net", _dir(tmp_path, "v2", {"b": b, "c": c}))
+    assert sum(_blobs(reg.url).values()) == 6000
+    assert reg.delete_version("net", 1) == {"blobs_removed": 1, "bytes_freed": 1000}  # "b" is still v2's
+    assert reg.gc() == {"blobs_removed": 0, "bytes_freed": 0}
+    # An orphan (a blob whose register died long ago) goes with gc, and only it.
+    reg.register("tmp", _dir(tmp_path, "t", {"x": b"x" * 777}))
+    orphan = [s for s in _blobs(reg.url) if _blobs(reg.url)[s] == 777][0]
+    os.unlink(os.path.join(reg.url, "models", "tmp", "versions", "1.json"))
+    assert reg.gc() == {"blobs_removed": 1, "bytes_freed": 777} and orphan not in _blobs(reg.url)
+    assert reg.pull("net/2", str(tmp_path / "out")) and open(tmp_path / "out" / "c", "rb").read() == c
+
+
+def test_pull_verifies_resumes_and_moves_nothing_twice(tmp_path):
+    reg = Registry(str(tmp_path / "reg"))
+    reg.register("net", _dir(tmp_path, "v1", {"a": b"a" * 5000, "d/b": b"b" * 100}))
+    out = str(tmp_path / "out")
+    reg.pull("net/1", out)
+    assert reg.last_transfer == {"files_copied": 2, "bytes_copied": 5100, "files_skipped": 0}
+    inode = os.stat(os.path.join(out, "a")).st_ino
+    reg.pull("net/1", out)
+    assert reg.last_transfer == {"files_copied": 0, "bytes_copied": 0, "files_skipped": 2}
+    assert os.stat(os.path.join(out, "a")).st_ino == inode
+    # An interrupted pull (one file missing, one truncated) copies just those.
+    os.unlink(os.path.join(out, "d", "b"))
+    reg.pull("net/1", out)
+    assert reg.last_transfer == {"files_copied": 1, "bytes_copied": 100, "files_skipped": 1}
+    with open(os.path.join(out, "a"), "r+b") as f:
+        f.truncate(10)
+    reg.pull("net/1", out)
+    assert reg.last_transfer["files_copied"] == 1 and os.path.getsize(os.path.join(out, "a")) == 5000
+
+
+def test_a_corrupted_blob_is_always_caught(tmp_path):
+    reg = Registry(str(tmp_path / "reg"))
+    mv = reg.register("net", _dir(tmp_path, "v1", {"a": b"a" * 5000}))
+    sha = mv.files["a"]["sha256"]
+    path = os.path.join(reg.url, "blobs", "sha256", sha[:2], sha)
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.write(b"X")
+    with pytest.raises(IntegrityError, match="corrupted"):
+        reg.pull("net/1", str(tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "out" / "a")
+    with pytest.raises(IntegrityError, match="corrupted"):
+        reg.local_dir("net/1")
+    other = Registry(str(tmp_path / "other"))
+    with pytest.raises(IntegrityError, match="corrupted"):
+        reg.push("net/1", other)
+    assert other.model_names() == [] or other.versions("net") == []
+
+
+def test_push_copies_only_missing_blobs_resumes_and_keeps_aliases(tmp_path, monkeypatch):
+    src, dst = Registry(str(tmp_path / "src")), Registry(str(tmp_path / "dst"))
+    src.register("net", _dir(tmp_path, "v1", {"a": b"a" * 1000, "b": b"b" * 1000}))
+    src.register("net", _dir(tmp_path, "v2", {"a": b"a" * 1000, "c": b"c" * 1000}), alias="production")
+    # The first push dies after one file: nothing is visible, and the retry copies only the rest.
+    real, calls = type(dst._b).put_local, []
+
+    def flaky(self, local, rel):
+        calls.append(rel)
+        if len(calls) == 2:
+            raise OSError("connection reset")
+        real(self, local, rel)
+
+    monkeypatch.setattr(type(dst._b), "put_local", flaky)
+    with pytest.raises(OSError, match="reset"):
+        src.push("net/1", dst)
+    monkeypatch.setattr(type(dst._b), "put_local", real)
+    assert dst.model_names() == []
+    pushed = src.push("net/1", dst)
+    assert [v.version for v in pushed] == [1] and dst.last_transfer["files_copied"] == 1
+    assert dst.last_transfer["files_skipped"] == 1
+    # The whole model: version 2 (one new file) and its alias; pushing again moves nothing.
+    assert [v.version for v in src.push("net", dst)] == [1, 2] and dst.last_transfer["files_copied"] == 1
+    assert dst.get("net@production").version == 2 and dst.get("net/2").lineage["origin"]["version"] == 2
+    assert [v.version for v in src.push("net", dst)] == [1, 2] and dst.last_transfer["files_copied"] == 0
+    assert dst.versions("net")[-1].version == 2
+    # pull_from is the same copy the other way; a taken number is not reused: the next free one is.
+    back = Registry(str(tmp_path / "back"))
+    back.register("net", _dir(tmp_path, "own", {"z": b"z"}))
+    assert [v.version for v in back.pull_from(dst, "net@production")] == [2]
+    assert open(os.path.join(back.local_dir("net/2"), "c"), "rb").read() == b"c" * 1000
+
+
+# -- concurrent writers, each its own process -----------------------------------------------------
+_WRITER = textwrap.dedent("""
+    import os, sys, time, json
+    from trainforge.registry import Registry
+    url, go, src, mode = sys.argv[1:5]
+    reg = Registry(url)
+    while not os.path.exists(go):
+        time.sleep(0.001)
+    if mode == "register":
+        print(json.dumps(reg.register("race", src).version))
+    else:
+        print(json.dumps([reg.set_alias("race", "production", v).seq for v in (1, 2, 3, 1, 2)]))
+""")
+
+
+def _race(url: str, tmp_path, src: str, mode: str, n: int = 8) -> list:
+    go = str(tmp_path / f"go-{mode}")
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, url, go, src, mode], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": REPO}) for _ in range(n)]  # fmt: skip
+    open(go, "w").close()
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0
+        outs.append(json.loads(out))
+    return outs
+
+
+def _concurrent_writers(url: str, tmp_path) -> None:
+    reg = Registry(url)
+    src = _dir(tmp_path, "race-src", {"w": b"w" * 10000})
+    versions = _race(url, tmp_path, src, "register")
+    assert sorted(versions) == list(range(1, 9))
+    assert [v.version for v in reg.versions("race")] == list(range(1, 9))
+    seqs = _race(url, tmp_path, src, "alias", n=6)
+    history = reg.alias_history("race", "production")
+    assert sorted(s for out in seqs for s in out) == list(range(1, 31)) == [m.seq for m in history]
+    for before, after in zip(history, history[1:], strict=False):  # one order: each move starts where the last ended
+        assert after.from_version == before.to_version
+    assert reg.get("race@production").version == history[-1].to_version
+
+
+def test_concurrent_registers_and_alias_moves_on_local_disk(tmp_path):
+    _concurrent_writers(str(tmp_path / "reg"), tmp_path)
+
+
+def test_a_register_killed_half_way_is_never_visible(tmp_path):
+    """A register SIGKILLed after storing one of its three files: readers see the previous version
+    only; its blobs are kept while its upload marker is fresh (it might be running), and go with gc
+    once it is stale."""
+    url = str(tmp_path / "reg")
+    reg = Registry(url)
+    reg.register("net", _dir(tmp_path, "v1", {"a": b"a" * 10}))
+    src = _dir(tmp_path, "v2", {"x": b"x" * 1000, "y": b"y" * 2000, "z": b"z" * 4000})
+    script = textwrap.dedent("""
+        import os, signal, sys
+        from trainforge.registry import Registry
+        def die(done, total, what):
+            os.kill(os.getpid(), signal.SIGKILL)
+        Registry(sys.argv[1]).register("net", sys.argv[2], progress=die)
+    """)
+    p = subprocess.run([sys.executable, "-c", script, url, src], env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
+    assert p.returncode == -signal.SIGKILL
+    assert [v.version for v in reg.versions("net")] == [1] and reg.get("net").version == 1
+    stored = sum(_blobs(url).values()) - 10
+    assert stored > 0  # it stored something before it died
+    assert reg.gc() == {"blobs_removed": 0, "bytes_freed": 0}  # its marker is fresh: it might still be running
+    (marker,) = os.listdir(os.path.join(url, "uploads"))
+    path = os.path.join(url, "uploads", marker)
+    data = json.load(open(path))
+    json.dump({**data, "at": data["at"] - 2 * 86400}, open(path, "w"))
+    out = reg.gc()
+    assert out["bytes_freed"] == stored and sum(_blobs(url).values()) == 10
+    assert reg.register("net", src).version == 2  # and the next register works from scratch
+
+
+# -- the model object, and models:/ as a checkpoint ------------------------------------------------
+torch = pytest.importorskip("torch")
+
+from trainforge.model import BATCH_SIZE, LoopConfig, Model, ModelTrainer  # noqa: E402
+
+
+class Scaler(Model):
+    """y = w * x on 1 feature; preprocess scales the input, postprocess rounds."""
+
+    def setup(self, config):
+        torch.manual_seed(0)
+        net = torch.nn.Linear(1, 1)
+        self.register(models=net, optimizers=torch.optim.SGD(net.parameters(), lr=0.1),
+                      criterion=torch.nn.MSELoss())  # fmt: skip
+
+    def setup_data(self, config):
+        x = torch.linspace(-1, 1, 32).unsqueeze(1)
+        data = torch.utils.data.TensorDataset(x, 3 * x)
+        self.register_data(train_loader=torch.utils.data.DataLoader(data, batch_size=config[BATCH_SIZE]))
+
+    def preprocess(self, x):
+        return torch.as_tensor(x, dtype=torch.float32).reshape(-1, 1) * 2
+
+    def postprocess(self, y):
+        return [round(float(v), 3) for v in y.flatten()]
+
+
+def test_register_a_trained_model_and_load_it_in_one_call(tmp_path):
+    result = ModelTrainer(Scaler, config={BATCH_SIZE: 8}, loop_config=LoopConfig(num_epochs=2),
+                          run_config=RunConfig(name="scaler")).fit()  # fmt: skip
+    reg = Registry()  # $TRAINFORGE_REGISTRY (set per test by conftest)
+    mv = reg.register("scaler", result, model_cls=Scaler, alias="production")
+    assert mv.model_class == f"{__name__}:Scaler" and mv.lineage["run_path"] == result.path
+    assert mv.metrics and all(isinstance(v, (int, float)) for v in mv.metrics.values())
+    expected = Scaler.load(result.checkpoint)([0.5, -0.25])
+    assert load_model("models:/scaler@production")([0.5, -0.25]) == expected
+    assert reg.load("scaler/1")([0.5, -0.25]) == expected
+    # As a checkpoint: Checkpoint.from_uri, and a new run resumes from it (epoch 3 of 3 is the only one left).
+    ckpt = Checkpoint.from_uri("models:/scaler@production")
+    assert os.path.exists(os.path.join(ckpt.path, "model.json"))
+    resumed = ModelTrainer(Scaler, config={BATCH_SIZE: 8}, loop_config=LoopConfig(num_epochs=3),
+                           resume_from_checkpoint="models:/scaler/1").fit()  # fmt: skip
+    assert resumed.error is None and [m["epoch"] for m in resumed.metrics_history] == [3]
+
+
+def _reads_checkpoint(config):
+    with trainforge.get_checkpoint().as_directory() as d:
+        trainforge.report({"value": int(open(os.path.join(d, "value.txt")).read())})
+
+
+def test_models_uri_is_a_checkpoint_for_trainers_and_tuners(tmp_path):
+    reg = Registry()
+    reg.register("state", _dir(tmp_path, "s", {"value.txt": b"41"}), alias="production")
+    trainer = DataParallelTrainer(_reads_checkpoint, scaling_config=ScalingConfig(num_workers=1),
+                                  resume_from_checkpoint="models:/state@production")  # fmt: skip
+    assert trainer.fit().metrics["value"] == 41
+    pytest.importorskip("optuna")
+    from trainforge import tune
+
+    grid = tune.Tuner(trainer, tune_config=tune.TuneConfig(num_samples=1)).fit()
+    assert grid[0].metrics["value"] == 41
+    with pytest.raises(KeyError, match="no alias 'missing'"):
+        DataParallelTrainer(_reads_checkpoint, resume_from_checkpoint="models:/state@missing")
+
+
+# -- the CLI --------------------------------------------------------------------------------------
+def _cli(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, "-m", "trainforge", "models", *args], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": REPO})  # fmt: skip
+    assert (p.returncode == 0) == ok, p.stderr
+    return p
+
+
+def test_cli_register_list_alias_delete_push_pull(tmp_path):
+    src = _dir(tmp_path, "ckpt", {"w": b"w" * 300})
+    out = _cli("register", "net", src, "--metric", "acc=0.75", "--tag", "team=vision", "--alias", "staging")
+    assert "registered models:/net/1" in out.stdout and "alias staging -> 1" in out.stdout
+    _cli("register", "net", src)
+    listed = json.loads(_cli("list", "--json").stdout)
+    assert [(m["name"], m["latest_version"], m["aliases"]) for m in listed] == [("net", 2, {"staging": 1})]
+    shown = json.loads(_cli("show", "models:/net@staging", "--json").stdout)
+    assert shown["metrics"] == {"acc": 0.75} and shown["tags"] == {"team": "vision"} and shown["version"] == 1
+    _cli("alias", "set", "net", "staging", "2", "--by", "ann")
+    history = _cli("alias", "history", "net").stdout.splitlines()
+    assert len(history) == 2 and "1 -> 2  by ann" in history[1]
+    refused = _cli("delete", "net", "2", ok=False)
+    assert "staging" in refused.stderr and "--force" in refused.stderr and "Traceback" not in refused.stderr
+    missing = _cli("show", "nope", ok=False)
+    assert "no model 'nope'" in missing.stderr and "Traceback" not in missing.stderr
+    assert "0 file(s) removed" in _cli("delete", "net", "1").stdout  # its file is version 2's too
+    dest = str(tmp_path / "team")
+    assert "pushed models:/net/2" in _cli("push", "net", dest).stdout
+    assert Registry(dest).get("net@staging").version == 2
+    pulled = _cli("pull", "net@staging", str(tmp_path / "here"), "--registry", dest).stdout
+    assert "1 file(s) copied" in pulled and open(tmp_path / "here" / "w", "rb").read() == b"w" * 300
+
+
+# -- S3 -------------------------------------------------------------------------------------------
+def test_s3_register_alias_pull_push_and_integrity(bucket, tmp_path):
+    url = f"s3://{bucket}/registry"
+    reg = Registry(url)
+    mv = reg.register("net", _dir(tmp_path, "v1", {"a": b"a" * 3000, "b": b"b" * 100}), alias="production")
+    assert reg.url == url and mv.version == 1
+    assert reg.register("net", _dir(tmp_path, "v2", {"a": b"a" * 3000})).version == 2
+    assert reg.last_transfer["files_copied"] == 0  # stored once, on S3 too
+    reg.set_alias("net", "production", 2)
+    assert reg.get("models:/net@production").version == 2
+    assert [m.to_version for m in reg.alias_history("net", "production")] == [1, 2]
+    # Pull and the local cache, then push S3 -> local -> S3 under another prefix.
+    assert open(os.path.join(reg.local_dir("net@production"), "a"), "rb").read() == b"a" * 3000
+    local = Registry(str(tmp_path / "local"))
+    assert [v.version for v in local.pull_from(reg, "net")] == [1, 2]
+    assert local.get("net@production").version == 2
+    mirror = Registry(f"s3://{bucket}/mirror")
+    local.push("net/1", mirror)
+    assert mirror.get("net/1").files == mv.files
+    # delete + gc on S3 free exactly what nothing uses.
+    reg.set_alias("net", "production", 1)
+    assert reg.delete_version("net", 2) == {"blobs_removed": 0, "bytes_freed": 0}
+    reg.delete_version("net", 1, force=True)
+    assert reg.gc() == {"blobs_removed": 0, "bytes_freed": 0}
+    assert mirror.gc() == {"blobs_removed": 0, "bytes_freed": 0}
+    # A corrupted blob on S3 is caught on pull.
+    import s3fs
+
+    sha = mirror.get("net/1").files["b"]["sha256"]
+    s3fs.S3FileSystem().pipe_file(f"{bucket}/mirror/blobs/sha256/{sha[:2]}/{sha}", b"not b")
+    with pytest.raises(IntegrityError, match="corrupted"):
+        mirror.pull("net/1", str(tmp_path / "bad"))
+
+
+def test_s3_concurrent_registers_and_alias_moves(bucket, tmp_path):
+    _concurrent_writers(f"s3://{bucket}/registry", tmp_path)

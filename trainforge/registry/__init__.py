@@ -1,0 +1,44 @@
+"""A model registry on plain storage: versioned, immutable models from checkpoints, with aliases and
+their history, lineage, push/pull between registries, and loading by URI.
+
+    from trainforge.registry import Registry, load_model
+
+    reg = Registry()                                   # $TRAINFORGE_REGISTRY, else ~/trainforge/registry
+    mv = reg.register("digits", result, model_cls=DigitsNet, alias="staging")
+    reg.set_alias("digits", "production", mv.version)
+    model = load_model("models:/digits@production")    # the model object, ready for model(x)
+    reg.push("digits", "s3://team-bucket/registry")    # every version and alias; only missing files move
+
+A registry is a directory or any fsspec URL; it needs no database or server. Versions are numbered
+from 1 and never change; identical files are stored once (by sha256); an alias move is recorded with
+who made it and when. ``models:/name/3`` and ``models:/name@production`` work wherever a checkpoint
+is accepted (``resume_from_checkpoint``, ``Checkpoint.from_uri``, a tuner's trainer).
+"""
+
+from trainforge.registry._registry import ModelNotFoundError, Registry, default_registry_url, load_model
+from trainforge.registry._types import (
+    AliasedVersionError,
+    AliasMove,
+    ConflictError,
+    IntegrityError,
+    ModelVersion,
+    RegisteredModel,
+    RegistryError,
+)
+from trainforge.registry._uri import ModelRef, parse_model_uri
+
+__all__ = [
+    "AliasMove",
+    "AliasedVersionError",
+    "ConflictError",
+    "IntegrityError",
+    "ModelNotFoundError",
+    "ModelRef",
+    "ModelVersion",
+    "RegisteredModel",
+    "Registry",
+    "RegistryError",
+    "default_registry_url",
+    "load_model",
+    "parse_model_uri",
+]
