@@ -12,6 +12,8 @@ import pytest
 import trainforge
 import trainforge.backend
 import trainforge.model
+import trainforge.registry
+import trainforge.serve
 import trainforge.sgd
 import trainforge.sgd.torch
 import trainforge.sgd.utils
@@ -68,10 +70,19 @@ def test_model_and_sgd_all_are_pinned():
         "AverageMeter", "AverageMeterCollection", "BATCH_COUNT", "BATCH_SIZE", "NUM_SAMPLES"]  # fmt: skip
 
 
+def test_registry_and_serve_all_are_pinned():
+    assert trainforge.registry.__all__ == [
+        "AliasMove", "AliasedVersionError", "ConflictError", "IntegrityError", "ModelNotFoundError", "ModelRef",
+        "ModelVersion", "RegisteredModel", "Registry", "RegistryError", "default_registry_url", "load_model",
+        "parse_model_uri",
+    ]  # fmt: skip
+    assert trainforge.serve.__all__ == ["ModelServer", "ServeConfig", "serve"]
+
+
 @pytest.mark.parametrize(
     "module",
     [trainforge, trainforge.torch, trainforge.backend, trainforge.model, trainforge.sgd, trainforge.sgd.torch,
-     trainforge.sgd.utils],
+     trainforge.sgd.utils, trainforge.registry, trainforge.serve],
     ids=lambda m: m.__name__,
 )
 def test_every_exported_name_exists(module):
@@ -94,8 +105,9 @@ def test_ray_style_names():
 def test_import_is_light():
     code = (
         "import sys, trainforge, trainforge.torch, trainforge.backend, trainforge.server, trainforge.model\n"
-        "import trainforge.sgd, trainforge.sgd.torch, trainforge.sgd.utils\n"
-        "heavy = [m for m in ('torch', 'ray', 'pandas', 'pyarrow', 'fastapi', 'uvicorn', 'httpx') if m in sys.modules]\n"
+        "import trainforge.sgd, trainforge.sgd.torch, trainforge.sgd.utils, trainforge.registry, trainforge.serve\n"
+        "heavy = [m for m in ('torch', 'ray', 'pandas', 'pyarrow', 'fastapi', 'uvicorn', 'httpx', 'fsspec', 's3fs')\n"
+        "         if m in sys.modules]\n"
         "print('HEAVY=' + ','.join(heavy))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -8,11 +8,15 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from trainforge.registry._cli import add_commands as models_commands
+    from trainforge.serve._cli import add_commands as serve_commands
     from trainforge.server._cli import add_commands as server_commands
 
     parser = argparse.ArgumentParser(prog="trainforge", description="trainforge: data-parallel training, a train server")
     sub = parser.add_subparsers(dest="command", required=True)
     server_commands(sub)
+    models_commands(sub)
+    serve_commands(sub)
     return parser
 
 

@@ -471,7 +471,9 @@ def _read_range(path: str | None, offset: int | None, tail: int | None) -> LogsO
     return LogsOut(text=data.decode("utf-8", "replace"), offset=offset, next_offset=offset + len(data), size=size, path=path)
 
 
-def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any:
+def make_app(service: JobService, *, token: str, allowed_hosts: set[str], registry: str | None = None) -> Any:
+    """The guarded ASGI app and the FastAPI app inside it; ``registry``: the model registry's URI
+    (None: ``Registry()``'s default), see :mod:`trainforge.server._models`."""
     app = FastAPI(
         title="trainforge train server",
         version=trainforge.__version__,
@@ -802,7 +804,8 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str]) -> Any
     def version() -> dict[str, str]:
         return {"version": trainforge.__version__}
 
-    from trainforge.server import _dashboard
+    from trainforge.server import _dashboard, _models
 
+    _models.mount(app, service, registry, API_PREFIX)
     _dashboard.mount(app, service)
     return _Guard(app, token, allowed_hosts), app

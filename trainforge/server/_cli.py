@@ -1,6 +1,6 @@
 """The train server's commands of the ``trainforge`` CLI, in the style of ``ray job`` and Slurm:
 
-    trainforge server start [--detach] [--port P] [--state-dir D] [--capacity CPU=8,GPU=2]
+    trainforge server start [--detach] [--port P] [--state-dir D] [--capacity CPU=8,GPU=2] [--registry URI]
     trainforge server status | stop
     trainforge submit [--no-wait] [--workers N] [--cpus C] [--gpus G] ... (script.py [ARGS] | pkg.mod:fn)
     trainforge jobs | status ID | logs ID [-f] [--rank N] [--tail N] | stop ID [--force]
@@ -39,6 +39,8 @@ def add_commands(sub: Any) -> None:
                        help="start every job's processes fresh (no warm fork server; saves its memory)")  # fmt: skip
     start.add_argument("--token-file", help="read the API token from this file (needed for a non-loopback --host)")
     start.add_argument("--detach", action="store_true", help="run in the background; output in <state-dir>/server.log")
+    start.add_argument("--registry", help="the model registry of its Models page and /api/v1/models (path or URL; "
+                       "default: $TRAINFORGE_REGISTRY, else ~/trainforge/registry)")  # fmt: skip
     start.set_defaults(func=_server_start)
     status = ssub.add_parser("status", help="is a server running, where, with which jobs")
     _state_dir(status)
@@ -152,7 +154,7 @@ def _server_start(args: Any) -> int:
             token = f.read().strip()
     config = ServerConfig(
         state_dir=state_dir, host=args.host, port=args.port, capacity=args.capacity, reserve=args.reserve,
-        stop_grace_s=args.stop_grace, durable=args.durable, token=token, warm=args.warm,
+        stop_grace_s=args.stop_grace, durable=args.durable, token=token, warm=args.warm, registry=args.registry,
     )  # fmt: skip
     if args.detach:
         from trainforge.server._client import start_background_server
@@ -168,6 +170,8 @@ def _server_start(args: Any) -> int:
             forward.append("--no-warm")
         if args.token_file:
             forward += ["--token-file", os.path.abspath(args.token_file)]
+        if args.registry:
+            forward += ["--registry", args.registry]
         print(f"trainforge server: starting in the background (output in {config.state_dir}/server.log) ...", flush=True)
         url = start_background_server(config.state_dir, extra_args=forward)
         print(f"trainforge server: serving {url}\n  token: {config.state_dir}/token   state: {config.state_dir}")

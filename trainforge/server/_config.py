@@ -41,6 +41,8 @@ class ServerConfig:
     ``warm``: keep a warm fork server that jobs' runners and local workers are forked from (trainforge
     and, once an earlier job needed them, torch and the like already imported), so a job's processes
     start in milliseconds instead of a fresh interpreter's import time each; False starts fresh ones.
+    ``registry``: the model registry its Models page, ``/api/v1/models`` and ``/api/v1/serve`` use
+    (a path or fsspec URL; None: ``Registry()``'s default, ``$TRAINFORGE_REGISTRY`` or ``~/trainforge/registry``).
     A non-loopback ``host`` is refused unless ``token`` is given (the token is otherwise random, in
     ``<state_dir>/token``, mode 0600).
 
@@ -58,6 +60,7 @@ class ServerConfig:
     durable: bool = False
     token: str | None = None
     warm: bool = True
+    registry: str | None = None
 
     def __post_init__(self) -> None:
         self.state_dir = os.path.abspath(os.path.expanduser(self.state_dir))
@@ -76,6 +79,11 @@ class ServerConfig:
             raise ValueError(f"ServerConfig.stop_grace_s={self.stop_grace_s!r}: must be a number of seconds >= 0.")
         if self.token is not None and (not isinstance(self.token, str) or len(self.token) < 16):
             raise ValueError("ServerConfig.token: give a string of at least 16 characters (or None for a random one).")
+        if self.registry is not None and (not isinstance(self.registry, str) or not self.registry.strip()):
+            raise ValueError(f"ServerConfig.registry={self.registry!r}: give the model registry's path or URL "
+                             "(e.g. '/data/registry' or 's3://bucket/registry'), or None for Registry()'s default.")
+        if self.registry is not None and "://" not in self.registry:
+            self.registry = os.path.abspath(os.path.expanduser(self.registry))
         if not is_loopback(self.host) and self.token is None:
             raise ValueError(
                 f"ServerConfig.host={self.host!r} is not a loopback address: anyone who can reach it could run "

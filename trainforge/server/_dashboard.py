@@ -6,7 +6,8 @@ Content-Security-Policy of ``'self'``; the pages use nothing inline.
 
 Pages: ``/`` the jobs (filters, keyset paging, row actions), ``/jobs/{id}`` one job (a live chart per
 metric, logs per rank, events, checkpoints, spec), ``/queue`` the queue and who holds what,
-``/compare`` one metric across jobs, grouped by a configuration key.
+``/compare`` one metric across jobs, grouped by a configuration key, ``/models`` the model registry's
+models, versions, aliases and lineage (:mod:`trainforge.server._models_page`).
 
 Authentication is the API's: opening ``/?token=...`` (the URL ``trainforge server start`` prints)
 sets an HttpOnly, SameSite=Strict cookie that the pages and their requests then carry (see
@@ -216,7 +217,7 @@ def page(title: str, body: str, *, kind: str, data: dict[str, Any] | None = None
     nav = "".join(
         f'<a href="{href}"{" class=here" if kind == k else ""}>{label}</a>'
         for k, href, label in (("jobs", "/", "Jobs"), ("queue", "/queue", "Queue &amp; resources"),
-                               ("compare", "/compare", "Compare"))
+                               ("compare", "/compare", "Compare"), ("models", "/models", "Models"))
     )
     text = (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"

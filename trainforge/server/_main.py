@@ -204,7 +204,7 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
     write_atomic(os.path.join(config.state_dir, ADDRESS_FILE), url)
     ray_entry = _publish_on_ray(url, config.state_dir) if ray_total is not None else None
     allowed = {"127.0.0.1", "localhost", "::1", config.host.lower()}
-    guard, _ = make_app(service, token=token, allowed_hosts=allowed)
+    guard, _ = make_app(service, token=token, allowed_hosts=allowed, registry=config.registry)
     kinds = ", ".join(f"{v:g} {k}" if k != "memory" else f"{v / 2**30:.1f} GiB memory" for k, v in sorted(capacity.items()))
     where = "the Ray cluster's" if ray_total is not None else "capacity"
     if any(counts.values()):
@@ -222,7 +222,7 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
     # `finally` (address file removed, "stopped" printed) instead of killing the process outright.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     server = uvicorn.Server(
-        uvicorn.Config(guard, log_level="warning", lifespan="off", timeout_graceful_shutdown=2, access_log=False)
+        uvicorn.Config(guard, log_level="warning", lifespan="on", timeout_graceful_shutdown=2, access_log=False)
     )
     try:
         server.run(sockets=[sock])

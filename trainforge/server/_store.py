@@ -331,6 +331,21 @@ class JobStore:
                f"ORDER BY started_at DESC LIMIT {int(limit)}")  # fmt: skip
         return [JobRow.from_sql(r) for r in self._reader().execute(sql, [since])]
 
+    def jobs_by_run_path(self, paths: Sequence[str]) -> dict[str, JobRow]:
+        """For each of ``paths``, the job one of whose runs (its latest, or an earlier one's
+        ``run_start`` event) has that run directory; the newest job where several had. Paths that no
+        job's run had are left out."""
+        paths = list(dict.fromkeys(paths))[:500]
+        if not paths:
+            return {}
+        marks = ",".join("?" * len(paths))
+        sql = (f"SELECT run_path AS path, id FROM jobs WHERE run_path IN ({marks}) UNION "
+               f"SELECT json_extract(payload, '$.run_path') AS path, job_id AS id FROM events "
+               f"WHERE type = 'run_start' AND json_extract(payload, '$.run_path') IN ({marks}) ORDER BY id")  # fmt: skip
+        newest = {r["path"]: r["id"] for r in self._reader().execute(sql, [*paths, *paths])}
+        jobs = {i: job for i in set(newest.values()) if (job := self.get(i)) is not None}
+        return {path: jobs[i] for path, i in newest.items() if i in jobs}
+
     def count(self, states: Sequence[str] | None = None) -> int:
         sql = "SELECT COUNT(*) FROM jobs"
         args: list[Any] = []

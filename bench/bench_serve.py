@@ -1,0 +1,430 @@
+#!/usr/bin/env python
+"""Model serving (``trainforge serve``) vs calling the model directly, and an alias switch under load.
+
+    python bench/bench_serve.py [--duration 5] [--markdown] [--quick]
+
+The model: a ``trainforge.model.Model`` MLP 64-256-256-10 (preprocess: the JSON lists to a float32
+tensor; postprocess: the class id), saved and registered in a fresh registry (a temporary directory)
+as version 1 (alias ``prod``) and version 2 (other weights). The instances: 1024 random 64-float
+vectors, the same for every mode.
+
+- **direct**: this process calls ``model([instance])`` back to back (one instance per call: the
+  latency of the model itself, preprocess and postprocess included), and ``model(32 instances)``
+  (the throughput a full batch reaches).
+- **served**: ``trainforge serve models:/bench-mlp@prod`` in a subprocess on 127.0.0.1 (defaults:
+  ``--max-batch-size 32 --max-batch-wait-ms 5``), ``POST /v1/predict`` with one instance per request
+  from 1, 8 and 64 concurrent clients (keep-alive HTTP/1.1 connections on asyncio streams, one
+  each, in this process) for
+  ``--duration`` seconds each after a warm-up; latency is the client's (request sent to answer read),
+  throughput the answers per second; the mean batch size is the server's over the run
+  (``/v1/stats``).
+- **alias switch**: 8 clients send for ``--duration`` s; after a third of it the alias ``prod`` moves
+  to version 2 (``Registry.set_alias``); the server polls every 0.5 s. Counted: failed requests (not
+  200; goal 0), answers by version, the time from the move to the first answer of version 2, and
+  that no client saw version 1 again after version 2.
+
+Client and server share this machine's CPUs: with few cores the clients' own HTTP work limits the
+served throughput as much as the server does. Prints a table (``--markdown`` for Markdown) and writes
+every number to ``bench/results/serve.json``. ``--quick``: 2 s per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH_DIR)
+
+from _common import (  # noqa: E402
+    REPO_ROOT,
+    finish,
+    fmt,
+    git_commit,
+    machine_info,
+    render_markdown,
+    render_text,
+    status,
+    wait_for_idle,
+)
+
+RESULTS = os.path.join(BENCH_DIR, "results", "serve.json")
+NAME = "bench-mlp"
+N_INSTANCES = 1024
+CONCURRENCY = (1, 8, 64)
+WAITS_MS = (5.0, 0.0)  # the default max_batch_wait_ms, and none
+BATCH = 32
+
+
+def make_model(seed: int) -> Any:
+    import torch
+
+    from trainforge.model import Model
+
+    class MLP(Model):  # defined here: saved by value with the model, so the server needs no import path
+        def setup(self, config: dict[str, Any]) -> None:
+            torch.manual_seed(config["seed"])
+            net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                      torch.nn.ReLU(), torch.nn.Linear(256, 10))  # fmt: skip
+            self.register(models=net)
+
+        def preprocess(self, data: Any) -> Any:
+            return torch.as_tensor(data, dtype=torch.float32).reshape(-1, 64)
+
+        def postprocess(self, logits: Any) -> Any:
+            return logits.argmax(-1)
+
+    return MLP({"seed": seed})
+
+
+def percentiles(latencies: list[float]) -> tuple[float | None, float | None]:
+    if not latencies:
+        return None, None
+    s = sorted(latencies)
+    return s[max(0, round(0.5 * len(s)) - 1)] * 1e3, s[max(0, -(-99 * len(s) // 100) - 1)] * 1e3
+
+
+def bench_direct(model: Any, instances: list[list[float]], duration: float) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)  # the server's worker thread runs one batch at a time too
+    for i in range(50):
+        model([instances[i]])
+    lat: list[float] = []
+    t_end = time.perf_counter() + duration
+    i = 0
+    while time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        model([instances[i % N_INSTANCES]])
+        lat.append(time.perf_counter() - t0)
+        i += 1
+    single_s = sum(lat)
+    batches = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < duration:
+        j = (batches * BATCH) % N_INSTANCES
+        model(instances[j : j + BATCH])
+        batches += 1
+    batch_s = time.perf_counter() - t0
+    p50, p99 = percentiles(lat)
+    return {"calls": len(lat), "p50_ms": p50, "p99_ms": p99, "calls_per_s": len(lat) / single_s,
+            "batched_instances_per_s": batches * BATCH / batch_s}  # fmt: skip
+
+
+class DirRegistry:
+    """``--no-registry``: versions as plain model directories and the alias as one JSON file, for
+    running this benchmark without ``trainforge.registry`` (the server is then ``ModelServer`` over
+    :class:`DirSource`, in a subprocess, instead of ``trainforge serve``)."""
+
+    def __init__(self, root: str):
+        self.uri = root
+        os.makedirs(root, exist_ok=True)
+
+    def register(self, name: str, path: str, alias: str | None = None) -> None:
+        import shutil
+
+        version = len([d for d in os.listdir(self.uri) if d.startswith("v")]) + 1
+        shutil.copytree(path, os.path.join(self.uri, f"v{version}"))
+        if alias:
+            self.set_alias(name, alias, version)
+
+    def set_alias(self, name: str, alias: str, version: int, by: str | None = None) -> None:
+        tmp = os.path.join(self.uri, f".{alias}.tmp")
+        with open(tmp, "w") as f:
+            json.dump({"version": version}, f)
+        os.replace(tmp, os.path.join(self.uri, f"{alias}.json"))
+
+    def load(self, ref: str) -> Any:
+        from trainforge.model import Model
+
+        return Model.load(os.path.join(self.uri, f"v{ref.rsplit('/', 1)[1]}"))
+
+
+def serve_dir(root: str, poll_s: float, wait_ms: float) -> None:
+    from trainforge.serve import ModelServer, ServeConfig
+    from trainforge.serve._source import ModelInfo, ModelSource
+
+    class DirSource(ModelSource):
+        def describe(self) -> str:
+            return f"{root} (prod.json)"
+
+        def resolve(self) -> ModelInfo:
+            with open(os.path.join(root, "prod.json")) as f:
+                version = json.load(f)["version"]
+            return ModelInfo(NAME, version, f"models:/{NAME}/{version}")
+
+        def load(self, info: ModelInfo) -> Any:
+            return DirRegistry(root).load(info.uri)
+
+    config = ServeConfig(port=0, poll_s=poll_s, max_batch_wait_ms=wait_ms)
+    ModelServer(config, source=DirSource()).run(lambda line: print(line, flush=True))
+
+
+class Server:
+    def __init__(self, registry: str, poll_s: float, wait_ms: float, use_registry: bool = True):
+        if use_registry:
+            cmd = [sys.executable, "-m", "trainforge", "serve", f"models:/{NAME}@prod", "--registry", registry,
+                   "--port", "0", "--poll-s", str(poll_s), "--max-batch-wait-ms", str(wait_ms)]  # fmt: skip
+        else:
+            cmd = [sys.executable, os.path.abspath(__file__), "--serve-dir", registry, "--poll-s", str(poll_s),
+                   "--wait-ms", str(wait_ms)]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT)
+        self.lines: list[str] = []
+        self.url: str | None = None
+        self._ready = threading.Event()
+        threading.Thread(target=self._drain, daemon=True).start()
+        if not self._ready.wait(120) or self.url is None:
+            self.stop()
+            raise RuntimeError("the server did not start:\n" + "".join(self.lines[-20:]))
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = re.search(r"serving (http://\S+)", line)
+            if m:
+                self.url = m.group(1)
+                self._ready.set()
+        self._ready.set()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+class _Conn:
+    """One keep-alive HTTP/1.1 connection on asyncio streams: a load generator's client, far lighter
+    than a full HTTP client library, so that the clients' own work disturbs the server less."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        self.writer.write(head + body)
+        status_line = await self.reader.readline()
+        length = 0
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        data = await self.reader.readexactly(length)
+        return int(status_line.split()[1]), data
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            await self.writer.wait_closed()
+
+
+async def load(url: str, instances: list[list[float]], clients: int, duration: float, warmup: float,
+               on_answer: Any = None) -> dict[str, Any]:  # fmt: skip
+    """``clients`` concurrent loops of POST /v1/predict (one instance each, one connection each) for
+    ``duration`` s after ``warmup`` s."""
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    assert where.hostname is not None and where.port is not None
+    bodies = [json.dumps({"inputs": [x]}).encode() for x in instances]
+    lat: list[float] = []
+    failed: list[str] = []
+    answers: list[tuple[int, float, int]] = []  # (client, time, version)
+    t_start = time.perf_counter()
+    t_measure, t_end = t_start + warmup, t_start + warmup + duration
+
+    async def one(k: int) -> None:
+        conn = _Conn(where.hostname, where.port)  # type: ignore[arg-type]
+        i = k * 37
+        try:
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= t_end:
+                    return
+                try:
+                    code, data = await conn.post("/v1/predict", bodies[i % N_INSTANCES])
+                    body = json.loads(data)
+                except Exception as exc:  # a failed request is counted, never raised
+                    code, body = 0, {"detail": f"{type(exc).__name__}: {exc}"}
+                    await conn.close()
+                    conn = _Conn(where.hostname, where.port)  # type: ignore[arg-type]
+                t1 = time.perf_counter()
+                if code != 200:
+                    failed.append(f"{code}: {str(body.get('detail'))[:200]}")
+                elif t0 >= t_measure:
+                    lat.append(t1 - t0)
+                    answers.append((k, t1, body["model"]["version"]))
+                if on_answer is not None:
+                    on_answer(t1)
+                i += 1
+        finally:
+            await conn.close()
+
+    await asyncio.gather(*(one(k) for k in range(clients)))
+    p50, p99 = percentiles(lat)
+    return {"requests": len(lat), "failed": len(failed), "failures": failed[:5], "p50_ms": p50, "p99_ms": p99,
+            "throughput_rps": len(lat) / duration, "answers": answers}  # fmt: skip
+
+
+def server_stats(url: str) -> dict[str, Any]:
+    import httpx
+
+    return httpx.get(f"{url}/v1/stats", timeout=30).json()  # type: ignore[no-any-return]
+
+
+def mean_batch(before: dict[str, Any], after: dict[str, Any]) -> float | None:
+    hist = {int(k): v - before["batch_sizes"].get(k, 0) for k, v in after["batch_sizes"].items()}
+    n = sum(hist.values())
+    return sum(k * v for k, v in hist.items()) / n if n else None
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=float, default=5.0, help="seconds per measured run")
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--quick", action="store_true", help="2 s per run")
+    p.add_argument("--markdown", action="store_true")
+    p.add_argument("--idle-wait", type=float, default=30.0)
+    p.add_argument("--json-out", default=RESULTS)
+    p.add_argument("--no-registry", action="store_true",
+                   help="without trainforge.registry: plain model directories, ModelServer in a subprocess")
+    p.add_argument("--serve-dir", help=argparse.SUPPRESS)
+    p.add_argument("--poll-s", type=float, default=0.5, help=argparse.SUPPRESS)
+    p.add_argument("--wait-ms", type=float, default=5.0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve_dir:
+        serve_dir(args.serve_dir, args.poll_s, args.wait_ms)
+        return 0
+    if args.quick:
+        args.duration, args.warmup = 2.0, 0.5
+
+    import random
+
+    rng = random.Random(0)
+    instances = [[rng.uniform(0, 16) for _ in range(64)] for _ in range(N_INSTANCES)]
+    idle_s = wait_for_idle(args.idle_wait)
+    failed: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        if args.no_registry:
+            reg: Any = DirRegistry(os.path.join(tmp, "registry"))
+        else:
+            from trainforge.registry import Registry
+
+            reg = Registry(os.path.join(tmp, "registry"))
+        for version in (1, 2):
+            path = make_model(seed=version).save(os.path.join(tmp, f"v{version}"))
+            reg.register(NAME, path, alias="prod" if version == 1 else None)
+        model = reg.load(f"models:/{NAME}/1")
+        print("direct calls", file=sys.stderr, flush=True)
+        direct = bench_direct(model, instances, args.duration)
+
+        served: dict[tuple[float, int], dict[str, Any]] = {}
+        for wait_ms in WAITS_MS:
+            server = Server(reg.uri, poll_s=0.5, wait_ms=wait_ms, use_registry=not args.no_registry)
+            try:
+                assert server.url is not None
+                for clients in CONCURRENCY:
+                    print(f"served, batch wait {wait_ms:g} ms, {clients} client(s)", file=sys.stderr, flush=True)
+                    before = server_stats(server.url)
+                    run = asyncio.run(load(server.url, instances, clients, args.duration, args.warmup))
+                    run["mean_batch"] = mean_batch(before, server_stats(server.url))
+                    run.pop("answers")
+                    served[wait_ms, clients] = run
+            finally:
+                if server.stop() != 0:
+                    failed.setdefault("server", []).append({"error": "exit code", "output_tail": server.lines[-20:]})
+
+        server = Server(reg.uri, poll_s=0.5, wait_ms=WAITS_MS[0], use_registry=not args.no_registry)
+        try:
+            assert server.url is not None
+            print("alias switch under load, 8 clients", file=sys.stderr, flush=True)
+            moved_at: list[float] = []
+            t_start = time.perf_counter()
+            switch_after = args.duration / 3
+
+            def move() -> None:
+                reg.set_alias(NAME, "prod", 2, by="bench")
+                moved_at.append(time.perf_counter())
+
+            mover = threading.Thread(target=move)
+
+            def on_answer(t: float) -> None:
+                if mover.ident is None and t - t_start >= switch_after:
+                    mover.start()
+
+            switch = asyncio.run(load(server.url, instances, 8, args.duration, 0.0, on_answer))
+            if mover.ident is not None:
+                mover.join()
+            stats = server_stats(server.url)
+        finally:
+            exit_code = server.stop()
+    answers = switch.pop("answers")
+    by_version = {str(v): sum(1 for _, _, vv in answers if vv == v) for v in (1, 2)}
+    first_v2 = min((t for _, t, v in answers if v == 2), default=None)
+    delay = first_v2 - moved_at[0] if first_v2 is not None and moved_at else None
+    back = any(v == 1 and any(vv == 2 and tt < t for kk, tt, vv in answers if kk == k) for k, t, v in answers)
+    switch.update({"by_version": by_version, "switch_delay_s": delay, "version_1_after_2": back,
+                   "server_swaps": stats["swaps"], "server_exit_code": exit_code})  # fmt: skip
+
+    header = ["mode", "clients", "p50 (ms)", "p99 (ms)", "throughput (req/s)", "mean batch", "failed", "goal", "status"]
+    rows = [["direct: model([x]) in one process", "1", fmt(direct["p50_ms"], ".3f"), fmt(direct["p99_ms"], ".3f"),
+             fmt(direct["calls_per_s"], ".0f"), "1", "0", "-", "-"],
+            ["direct: model(32 instances)", "1", "-", "-", fmt(direct["batched_instances_per_s"], ".0f") + " inst/s",
+             "32", "0", "-", "-"]]  # fmt: skip
+    for (wait_ms, clients), run in served.items():
+        rows.append([f"served: POST /v1/predict, 1 instance, batch wait {wait_ms:g} ms", str(clients), fmt(run["p50_ms"], ".2f"),
+                     fmt(run["p99_ms"], ".2f"), fmt(run["throughput_rps"], ".0f"), fmt(run["mean_batch"], ".1f"),
+                     str(run["failed"]), "0 failed", status(run["failed"] == 0)])  # fmt: skip
+    rows.append([f"alias switch under load (v1 {by_version['1']} / v2 {by_version['2']} answers; first v2 "
+                 f"{fmt(delay, '.2f')} s after the move, poll 0.5 s)", "8", fmt(switch["p50_ms"], ".2f"),
+                 fmt(switch["p99_ms"], ".2f"), fmt(switch["throughput_rps"], ".0f"), "-", str(switch["failed"]),
+                 "0 failed", status(switch["failed"] == 0 and by_version["2"] > 0 and not back)])  # fmt: skip
+    table = (render_markdown if args.markdown else render_text)(header, rows)
+    print(table)
+    print(f"\n({args.duration:g} s per run after {args.warmup:g} s warm-up; MLP 64-256-256-10 on CPU; client and "
+          f"server on the same {os.cpu_count()} CPUs; server: "
+          f"{'ModelServer over plain model directories (--no-registry)' if args.no_registry else 'trainforge serve'}"
+          f", exit code after SIGTERM: {exit_code})")  # fmt: skip
+    if exit_code != 0:
+        failed["server"] = [{"error": f"exit code {exit_code}", "output_tail": "".join(server.lines[-20:])}]
+    data = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "machine": machine_info(),
+        "args": vars(args),
+        "idle_wait_s": idle_s,
+        "table": {"header": header, "rows": rows},
+        "direct": direct,
+        "served": {f"wait{w:g}ms_c{c}": v for (w, c), v in served.items()},
+        "alias_switch": switch,
+        "server_output": server.lines[-20:],
+    }
+    return finish(args.json_out, data, failed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+#!/usr/bin/env python
+"""The train server's model registry routes and its serving route, against the same work done directly.
+
+    python bench/bench_server_models.py [--versions 100] [--duration 5] [--markdown] [--quick]
+
+A train server (``python -m trainforge.server start --registry R``, 1 CPU of capacity, no warm pool)
+on 127.0.0.1; a fresh registry R in a temporary directory, written by this process.
+
+1. **REST**: model ``bench-many`` with ``--versions`` (100) versions (two small files each, metrics and
+   tags) and 2 x ``--versions`` alias moves. Each of ``GET /api/v1/models``, ``GET
+   /api/v1/models/bench-many/versions``, ``GET .../aliases/history`` and the dashboard page
+   ``/models/bench-many`` is requested 20 times (one keep-alive connection); shown: the median and the
+   slowest, next to the same registry call made in this process (``Registry.list_models``,
+   ``.versions``, ``.alias_history``): what the server adds (HTTP, JSON, the job lookup of each
+   version's lineage).
+2. **Serving route**: a ``trainforge.model.Model`` MLP 64-256-256-10 registered as ``bench-mlp``
+   (alias ``prod``); ``POST /api/v1/serve/bench-mlp@prod/predict`` with one instance per request
+   from 1, 8 and 64 concurrent clients (one keep-alive connection each, asyncio streams in this
+   process) for ``--duration`` s after a warm-up; the first request (which loads the model) is timed
+   apart. The direct reference: ``model([x])`` in this process, back to back.
+
+Client and server share this machine's CPUs. Prints a table (``--markdown`` for Markdown) and writes
+every number to ``bench/results/server_models.json``. ``--quick``: 30 versions, 2 s per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH_DIR)
+
+from _common import (  # noqa: E402
+    REPO_ROOT,
+    finish,
+    fmt,
+    git_commit,
+    machine_info,
+    render_markdown,
+    render_text,
+    wait_for_idle,
+)
+
+RESULTS = os.path.join(BENCH_DIR, "results", "server_models.json")
+CONCURRENCY = (1, 8, 64)
+N_INSTANCES = 1024
+REPEATS = 20
+
+
+def make_model(seed: int) -> Any:
+    import torch
+
+    from trainforge.model import Model
+
+    class MLP(Model):  # defined here: saved by value with the model, so the server needs no import path
+        def setup(self, config: dict[str, Any]) -> None:
+            torch.manual_seed(config["seed"])
+            net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                      torch.nn.ReLU(), torch.nn.Linear(256, 10))  # fmt: skip
+            self.register(models=net)
+
+        def preprocess(self, data: Any) -> Any:
+            return torch.as_tensor(data, dtype=torch.float32).reshape(-1, 64)
+
+        def postprocess(self, logits: Any) -> Any:
+            return logits.argmax(-1)
+
+    return MLP({"seed": seed})
+
+
+class TrainServer:
+    def __init__(self, state_dir: str, registry: str):
+        cmd = [sys.executable, "-m", "trainforge.server", "start", "--state-dir", state_dir, "--port", "0",
+               "--capacity", "CPU=1", "--no-warm", "--registry", registry]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT)
+        self.lines: list[str] = []
+        self.url: str | None = None
+        self._ready = threading.Event()
+        threading.Thread(target=self._drain, daemon=True).start()
+        if not self._ready.wait(120) or self.url is None:
+            self.stop()
+            raise RuntimeError("the train server did not start:\n" + "".join(self.lines[-20:]))
+        with open(os.path.join(state_dir, "token")) as f:
+            self.token = f.read().strip()
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = re.search(r"serving (http://\S+)", line)
+            if m:
+                self.url = m.group(1)
+                self._ready.set()
+        self._ready.set()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def percentiles(latencies: list[float]) -> tuple[float | None, float | None]:
+    if not latencies:
+        return None, None
+    s = sorted(latencies)
+    return s[max(0, round(0.5 * len(s)) - 1)] * 1e3, s[max(0, -(-99 * len(s) // 100) - 1)] * 1e3
+
+
+def timed(fn: Any, repeats: int = REPEATS) -> dict[str, float]:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return {"median_ms": statistics.median(times) * 1e3, "max_ms": max(times) * 1e3}
+
+
+class _Conn:
+    """One keep-alive HTTP/1.1 connection on asyncio streams, with the server's token."""
+
+    def __init__(self, host: str, port: int, token: str):
+        self.host, self.port, self.token = host, port, token
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+                f"Authorization: Bearer {self.token}\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        self.writer.write(head + body)
+        status_line = await self.reader.readline()
+        length = 0
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        data = await self.reader.readexactly(length)
+        return int(status_line.split()[1]), data
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            await self.writer.wait_closed()
+
+
+async def load(url: str, token: str, path: str, instances: list[list[float]], clients: int, duration: float,
+               warmup: float) -> dict[str, Any]:  # fmt: skip
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    assert where.hostname is not None and where.port is not None
+    bodies = [json.dumps({"inputs": [x]}).encode() for x in instances]
+    lat: list[float] = []
+    failed: list[str] = []
+    t_start = time.perf_counter()
+    t_measure, t_end = t_start + warmup, t_start + warmup + duration
+
+    async def one(k: int) -> None:
+        conn = _Conn(where.hostname, where.port, token)  # type: ignore[arg-type]
+        i = k * 37
+        try:
+            while (t0 := time.perf_counter()) < t_end:
+                try:
+                    code, data = await conn.post(path, bodies[i % N_INSTANCES])
+                except Exception as exc:  # counted, never raised
+                    code, data = 0, json.dumps({"detail": f"{type(exc).__name__}: {exc}"}).encode()
+                    await conn.close()
+                    conn = _Conn(where.hostname, where.port, token)  # type: ignore[arg-type]
+                t1 = time.perf_counter()
+                if code != 200:
+                    failed.append(f"{code}: {data[:200]!r}")
+                elif t0 >= t_measure:
+                    lat.append(t1 - t0)
+                i += 1
+        finally:
+            await conn.close()
+
+    await asyncio.gather(*(one(k) for k in range(clients)))
+    p50, p99 = percentiles(lat)
+    return {"requests": len(lat), "failed": len(failed), "failures": failed[:5], "p50_ms": p50, "p99_ms": p99,
+            "throughput_rps": len(lat) / duration}  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--versions", type=int, default=100)
+    p.add_argument("--duration", type=float, default=5.0, help="seconds per measured serving run")
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--quick", action="store_true", help="30 versions, 2 s per run")
+    p.add_argument("--markdown", action="store_true")
+    p.add_argument("--idle-wait", type=float, default=30.0)
+    p.add_argument("--json-out", default=RESULTS)
+    args = p.parse_args()
+    if args.quick:
+        args.versions, args.duration, args.warmup = 30, 2.0, 0.5
+
+    import random
+
+    import httpx
+
+    from trainforge.registry import Registry
+
+    rng = random.Random(0)
+    instances = [[rng.uniform(0, 16) for _ in range(64)] for _ in range(N_INSTANCES)]
+    failed: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-server-models-") as tmp:
+        reg = Registry(os.path.join(tmp, "registry"))
+        print(f"registering {args.versions} versions", file=sys.stderr, flush=True)
+        for v in range(1, args.versions + 1):
+            d = os.path.join(tmp, "src", str(v))
+            os.makedirs(d)
+            with open(os.path.join(d, "weights.bin"), "wb") as f:
+                f.write(os.urandom(4096))
+            with open(os.path.join(d, "config.json"), "w") as f:
+                f.write("{}")
+            reg.register("bench-many", d, metrics={"acc": v / args.versions, "loss": 1 / v}, tags={"i": str(v)},
+                         lineage={"run_path": os.path.join(tmp, "runs", str(v))})  # fmt: skip
+        for i in range(2 * args.versions):
+            reg.set_alias("bench-many", ("production", "staging")[i % 2], i % args.versions + 1, by="bench")
+        reg.register("bench-mlp", make_model(1).save(os.path.join(tmp, "mlp")), alias="prod")
+        idle_s = wait_for_idle(args.idle_wait)
+        server = TrainServer(os.path.join(tmp, "state"), reg.uri)
+        rest: dict[str, dict[str, Any]] = {}
+        served: dict[int, dict[str, Any]] = {}
+        try:
+            assert server.url is not None
+            with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token}"},
+                              timeout=60) as http:  # fmt: skip
+                def get(path: str) -> Any:
+                    r = http.get(path)
+                    r.raise_for_status()
+                    return r
+
+                for label, path, direct in (
+                    ("GET /api/v1/models", "/api/v1/models", reg.list_models),
+                    ("GET /api/v1/models/{name}/versions", "/api/v1/models/bench-many/versions",
+                     lambda: reg.versions("bench-many")),
+                    ("GET /api/v1/models/{name}/aliases/history", "/api/v1/models/bench-many/aliases/history",
+                     lambda: reg.alias_history("bench-many")),
+                    ("page /models/{name}", "/models/bench-many", lambda: (reg.versions("bench-many"),
+                                                                          reg.alias_history("bench-many"))),
+                ):  # fmt: skip
+                    print(label, file=sys.stderr, flush=True)
+                    get(path)  # warm
+                    rest[label] = {"server": timed(lambda path=path: get(path)), "direct": timed(direct),
+                                   "bytes": len(get(path).content)}  # fmt: skip
+                print("first predict (loads the model)", file=sys.stderr, flush=True)
+                t0 = time.perf_counter()
+                r = http.post("/api/v1/serve/bench-mlp@prod/predict", json={"inputs": [instances[0]]})
+                first_s = time.perf_counter() - t0
+                r.raise_for_status()
+            for clients in CONCURRENCY:
+                print(f"serving route, {clients} client(s)", file=sys.stderr, flush=True)
+                served[clients] = asyncio.run(load(server.url, server.token, "/api/v1/serve/bench-mlp@prod/predict",
+                                                   instances, clients, args.duration, args.warmup))  # fmt: skip
+        finally:
+            exit_code = server.stop()
+        import torch
+
+        torch.set_num_threads(1)
+        model = reg.load("models:/bench-mlp/1")
+        for i in range(50):
+            model([instances[i]])
+        lat = []
+        t_end = time.perf_counter() + args.duration
+        while time.perf_counter() < t_end:
+            t0 = time.perf_counter()
+            model([instances[len(lat) % N_INSTANCES]])
+            lat.append(time.perf_counter() - t0)
+        direct_p50, direct_p99 = percentiles(lat)
+
+    header = ["what", "through the train server", "directly in this process", "note"]
+    rows = []
+    for label, m in rest.items():
+        rows.append([label, f"{fmt(m['server']['median_ms'], '.1f')} ms (max {fmt(m['server']['max_ms'], '.1f')})",
+                     f"{fmt(m['direct']['median_ms'], '.1f')} ms (max {fmt(m['direct']['max_ms'], '.1f')})",
+                     f"{m['bytes'] / 1e3:.1f} kB; {args.versions} versions, {2 * args.versions} alias moves"])  # fmt: skip
+    rows.append(["first predict (loads the model)", f"{first_s * 1e3:.0f} ms", "-", "once per model reference"])
+    for clients, run in served.items():
+        rows.append([f"POST /api/v1/serve/bench-mlp@prod/predict, {clients} client(s)",
+                     f"p50 {fmt(run['p50_ms'], '.2f')} / p99 {fmt(run['p99_ms'], '.2f')} ms, "
+                     f"{run['throughput_rps']:.0f} req/s",
+                     f"model([x]): p50 {fmt(direct_p50, '.3f')} / p99 {fmt(direct_p99, '.3f')} ms",
+                     f"{run['failed']} failed"])  # fmt: skip
+        if run["failed"]:
+            failed.setdefault("serving", []).append({"clients": clients, "failures": run["failures"]})
+    table = (render_markdown if args.markdown else render_text)(header, rows)
+    print(table)
+    print(f"\n(median and max of {REPEATS} requests; serving: {args.duration:g} s per run after {args.warmup:g} s "
+          f"warm-up, one instance per request, MLP 64-256-256-10 on CPU; client and server on the same "
+          f"{os.cpu_count()} CPUs; server exit code after SIGTERM: {exit_code})")  # fmt: skip
+    if exit_code != 0:
+        failed["server"] = [{"error": f"exit code {exit_code}", "output_tail": "".join(server.lines[-20:])}]
+    data = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "machine": machine_info(),
+        "args": vars(args),
+        "idle_wait_s": idle_s,
+        "table": {"header": header, "rows": rows},
+        "rest": rest,
+        "first_predict_s": first_s,
+        "served": {f"c{c}": v for c, v in served.items()},
+        "direct": {"p50_ms": direct_p50, "p99_ms": direct_p99, "calls": len(lat)},
+        "server_output": server.lines[-20:],
+    }
+    return finish(args.json_out, data, failed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""``trainforge serve MODEL_URI``: serve a registered model over HTTP until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from trainforge.serve._config import DEFAULT_PORT
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser("serve", help="serve a registered model over HTTP (batched; follows a moved alias)",
+                       description="Serve models:/NAME@ALIAS (or /VERSION) over HTTP: POST /v1/predict "
+                       '{"inputs": [...]}, GET /v1/model, /v1/stats, /healthz. Stops on Ctrl-C or SIGTERM.')  # fmt: skip
+    p.add_argument("model", metavar="MODEL_URI", help="models:/name@alias, models:/name/3 or models:/name (latest)")
+    p.add_argument("--registry", help="the registry's URL or directory (default: $TRAINFORGE_REGISTRY, "
+                   "else ~/trainforge/registry)")  # fmt: skip
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; another needs a token)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)")
+    p.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (16+ characters; needed off loopback)")
+    p.add_argument("--token-file", help="read the token from this file instead")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="another name clients reach this server by (Host header); repeatable")  # fmt: skip
+    p.add_argument("--max-batch-size", type=int, default=32, help="instances per model call (default 32)")
+    p.add_argument("--max-batch-wait-ms", type=float, default=5.0,
+                   help="how long a batch waits to fill after its first request (default 5)")  # fmt: skip
+    p.add_argument("--max-request-instances", type=int, default=1024, help="instances one request may send")
+    p.add_argument("--poll-s", type=float, default=1.0, help="seconds between looks at the alias (0: never)")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: Any) -> int:
+    from trainforge.serve._config import ServeConfig
+    from trainforge.serve._server import serve
+
+    token = args.token
+    if args.token_file:
+        with open(args.token_file) as f:
+            token = f.read().strip()
+    config = ServeConfig(model=args.model, registry=args.registry, host=args.host, port=args.port, token=token,
+                         allowed_hosts=tuple(args.allowed_host), max_batch_size=args.max_batch_size,
+                         max_batch_wait_ms=args.max_batch_wait_ms, poll_s=args.poll_s,
+                         max_request_instances=args.max_request_instances)  # fmt: skip
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        print(f"trainforge serve: the model server needs FastAPI and uvicorn ({exc}): pip install 'trainforge[serve]'",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    try:
+        serve(config, announce=lambda line: print(line, flush=True))
+    except Exception as exc:  # the model cannot be found or loaded, the port is taken: one line, no traceback
+        print(f"trainforge serve: cannot serve {args.model}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0

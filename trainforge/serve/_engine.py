@@ -1,0 +1,592 @@
+"""The serving engine: a dynamic batcher, a model swapper and the statistics, on one asyncio loop.
+Usable inside any ASGI app (``trainforge serve``'s own, the train server's ``/api/v1/serve`` route)::
+
+    engine = ServeEngine(RegistrySource("models:/digits@production"), max_batch_size=32)
+    await engine.start()                      # loads the model in a worker thread
+    status, body = await engine.handle(raw)   # POST body {"inputs": [...]} -> (HTTP status, JSON bytes)
+    await engine.stop()
+
+**Batching.** Requests go to a queue; the batcher takes the oldest, waits until ``max_batch_size``
+instances are queued or ``max_batch_wait_ms`` have passed since that request arrived, and runs whole
+requests, up to ``max_batch_size`` instances, as one ``model(instances)`` call in a worker thread (one
+batch at a time; meanwhile the loop keeps accepting and queueing). Under load the wait is the previous
+batch's run time, so batches fill up by themselves. The outputs (first dimension: one per instance)
+are split back per request and encoded as JSON in the worker thread (tensors and arrays as lists,
+NaN and infinities as null).
+
+**Errors.** A batch whose call raises is run again one request at a time, so one bad instance fails
+only its own request: 422 with the exception's type and text (whether ``preprocess``, ``forward`` or
+``postprocess`` raised it). Bad bodies get 400 (not JSON), 422 (no ``"inputs"`` list, or an empty one)
+or 413 (too many instances): never a 500.
+
+**Swapping.** Every ``poll_s`` the source is asked which version is current (``resolve``, in the loader
+thread); a new one is loaded there in the background and then swapped in on the loop. A batch holds
+the model it started with, so the old version finishes its batch and the next batch runs the new one:
+no request fails or waits for the load. A version that fails to load is retried with a back-off (up
+to a minute) and the old one keeps serving; ``stats()["last_error"]`` says why.
+
+Every method must be called on the loop that ran :meth:`start`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from trainforge.serve._config import check_batching
+from trainforge.serve._source import ModelInfo, ModelSource
+
+_MAX_WINDOW = 200_000  # latency samples kept at most
+_MAX_BACKOFF_S = 60.0
+
+
+class ServeError(Exception):
+    """A request that cannot be answered: ``status`` (4xx, or 503 while no model is loaded) and
+    ``detail`` (the reason, sent as ``{"detail": ...}``)."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+class _Request:
+    __slots__ = ("instances", "future", "t0")
+
+    def __init__(self, instances: list[Any], future: asyncio.Future[Any], t0: float):
+        self.instances = instances
+        self.future = future
+        self.t0 = t0
+
+
+class _Stats:
+    def __init__(self, window_s: float):
+        self.window_s = window_s
+        self.started = time.monotonic()
+        self.requests = 0
+        self.ok = 0
+        self.errors: collections.Counter[int] = collections.Counter()
+        self.instances = 0
+        self.batches = 0
+        self.retried_batches = 0
+        self.batch_sizes: collections.Counter[int] = collections.Counter()
+        self.window: collections.deque[tuple[float, float]] = collections.deque(maxlen=_MAX_WINDOW)
+        self.swaps: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
+        self.swap_count = 0
+
+    def record(self, status: int, latency_s: float | None) -> None:
+        self.requests += 1
+        if status == 200:
+            self.ok += 1
+        else:
+            self.errors[status] += 1
+        if latency_s is not None:  # a request the model answered (or failed on)
+            self.window.append((time.monotonic(), latency_s))
+
+    def snapshot(self) -> dict[str, Any]:
+        now = time.monotonic()
+        while self.window and self.window[0][0] < now - self.window_s:
+            self.window.popleft()
+        latencies = sorted(lat for _, lat in self.window)
+        span = min(self.window_s, now - self.started)
+        return {
+            "uptime_s": round(now - self.started, 3),
+            "requests": self.requests,
+            "ok": self.ok,
+            "errors": {str(k): v for k, v in sorted(self.errors.items())},
+            "instances": self.instances,
+            "window_s": self.window_s,
+            "latency_ms": {
+                "count": len(latencies),
+                "p50": _percentile(latencies, 50),
+                "p99": _percentile(latencies, 99),
+                "mean": round(1e3 * sum(latencies) / len(latencies), 3) if latencies else None,
+                "max": round(1e3 * latencies[-1], 3) if latencies else None,
+            },
+            "throughput_rps": round(len(latencies) / span, 3) if span > 0 else 0.0,
+            "batches": self.batches,
+            "retried_batches": self.retried_batches,
+            "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
+            "mean_batch_size": round(sum(k * v for k, v in self.batch_sizes.items()) / self.batches, 3)
+            if self.batches else None,
+            "swaps": self.swap_count,
+            "swap_history": list(self.swaps),
+        }  # fmt: skip
+
+
+def _percentile(sorted_values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile, in milliseconds."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return round(1e3 * sorted_values[rank - 1], 3)
+
+
+class ServeEngine:
+    """Batches requests for a model from ``source`` and swaps in new versions; see the module docstring.
+    The settings are :class:`~trainforge.serve.ServeConfig`'s of the same names."""
+
+    def __init__(
+        self,
+        source: ModelSource,
+        *,
+        max_batch_size: int = 32,
+        max_batch_wait_ms: float = 5.0,
+        poll_s: float = 1.0,
+        max_request_instances: int = 1024,
+        stats_window_s: float = 60.0,
+        on_event: Callable[[str], None] | None = None,
+    ):
+        if not isinstance(source, ModelSource):
+            raise TypeError(f"ServeEngine(source={source!r}): give a ModelSource (RegistrySource, StaticSource).")
+        check_batching("ServeEngine", max_batch_size=max_batch_size, max_batch_wait_ms=max_batch_wait_ms,
+                       poll_s=poll_s, max_request_instances=max_request_instances,
+                       stats_window_s=stats_window_s)  # fmt: skip
+        self.source = source
+        self.max_batch_size = max_batch_size
+        self.max_batch_wait_s = max_batch_wait_ms / 1e3
+        self.poll_s = poll_s
+        self.max_request_instances = max_request_instances
+        self._on_event = on_event
+        self._stats = _Stats(stats_window_s)
+        self._current: tuple[ModelInfo, Callable[[Any], Any], bytes] | None = None
+        self._loaded_at: float | None = None
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._queued_instances = 0
+        self._wake: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None  # set while the batcher waits on an empty queue
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self._loader: concurrent.futures.ThreadPoolExecutor | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._refresh_lock: asyncio.Lock | None = None
+        self._loading: ModelInfo | None = None
+        self._failed: dict[str, tuple[float, int]] = {}  # uri -> (retry after, failures)
+        self._last_error: str | None = None
+        self._stopping = False
+
+    @classmethod
+    def from_config(cls, config: Any, *, on_event: Callable[[str], None] | None = None) -> ServeEngine:
+        """An engine for ``config.model`` (a :class:`~trainforge.serve.ServeConfig`) in ``config.registry``."""
+        from trainforge.serve._source import RegistrySource
+
+        if config.model is None:
+            raise ValueError("ServeConfig.model is None: give the model to serve, e.g. 'models:/name@production'.")
+        return cls(RegistrySource(config.model, config.registry), max_batch_size=config.max_batch_size,
+                   max_batch_wait_ms=config.max_batch_wait_ms, poll_s=config.poll_s,
+                   max_request_instances=config.max_request_instances, stats_window_s=config.stats_window_s,
+                   on_event=on_event)  # fmt: skip
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def load_now(self) -> ModelInfo:
+        """Resolve and load the model in this thread, before :meth:`start` (the CLI does it to show
+        progress and fail before it listens). Raises the source's error."""
+        info = self.source.resolve()
+        self._set_current(info, self.source.load(info))
+        return info
+
+    def preload(self, info: ModelInfo, model: Callable[[Any], Any]) -> None:
+        """Serve ``model`` as ``info`` from the start (before :meth:`start`)."""
+        if self._loop is not None:
+            raise RuntimeError("ServeEngine.preload() after start(): versions change through the source")
+        self._set_current(info, model)
+
+    def refuse(self, status: int) -> None:
+        """Count a request the app refused before it reached :meth:`handle` (e.g. 413 for its size)."""
+        self._stats.record(status, None)
+
+    @property
+    def started(self) -> bool:
+        return self._loop is not None
+
+    async def start(self) -> None:
+        """Start on the running loop: load the model (unless :meth:`load_now` did) in a worker thread,
+        then the batcher and, for a source that can move, the poller. ServeError(503) if the model
+        cannot be loaded."""
+        if self._loop is not None:
+            raise RuntimeError("ServeEngine.start() was called twice")
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._refresh_lock = asyncio.Lock()
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainforge-serve-model")
+        self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trainforge-serve-loader")
+        if self._current is None:
+            try:
+                await self._loop.run_in_executor(self._loader, self.load_now)
+            except Exception as exc:
+                await self.stop()
+                raise ServeError(503, f"cannot load {self.source.describe()}: {type(exc).__name__}: {exc}") from exc
+        self._tasks.append(asyncio.create_task(self._batcher(), name="trainforge-serve-batcher"))
+        if self.poll_s > 0 and self.source.follows:
+            self._tasks.append(asyncio.create_task(self._poller(), name="trainforge-serve-poller"))
+
+    async def stop(self, drain_s: float = 10.0) -> None:
+        """Refuse new requests (503), answer the queued ones (for up to ``drain_s``; what is left then
+        gets 503), stop the poller and the batcher. Safe to call twice."""
+        self._stopping = True
+        if self._tasks and self._idle is not None and not self._idle.is_set():
+            try:
+                await asyncio.wait_for(self._idle.wait(), drain_s)
+            except asyncio.TimeoutError:
+                pass
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        self._tasks.clear()
+        while self._queue:
+            self._fail(self._queue.popleft(), ServeError(503, "the model server is stopping"))
+        self._queued_instances = 0
+        for pool in (self._worker, self._loader):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- requests ---------------------------------------------------------------------------------
+    async def handle(self, body: bytes) -> tuple[int, bytes]:
+        """Answer one POST body ``{"inputs": [instance, ...]}``: ``(200, {"outputs": [...], "model":
+        {"name", "version", "uri"}})`` or ``(status, {"detail": reason})``, as JSON bytes. Never raises
+        for bad input."""
+        try:
+            instances = self._parse(body)
+        except ServeError as exc:
+            self._stats.record(exc.status, None)
+            return exc.status, _detail(exc.detail)
+        return await self._submit(instances)
+
+    async def predict(self, instances: list[Any]) -> dict[str, Any]:
+        """``{"outputs": [...], "model": {...}}`` for ``instances``, as over HTTP; ServeError otherwise."""
+        try:
+            self._check_instances(instances)
+        except ServeError as exc:
+            self._stats.record(exc.status, None)
+            raise
+        status, body = await self._submit(list(instances))
+        out: dict[str, Any] = json.loads(body)
+        if status != 200:
+            raise ServeError(status, out["detail"])
+        return out
+
+    def _parse(self, body: bytes) -> list[Any]:
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ServeError(400, f'the body is not JSON ({exc}): send {{"inputs": [instance, ...]}}') from None
+        if not isinstance(data, dict):
+            raise ServeError(422, f'the body is a JSON {_json_type(data)}: send an object {{"inputs": [instance, ...]}}')
+        if "inputs" not in data:
+            raise ServeError(422, f'the body has no "inputs" (keys: {sorted(data)[:10]}): send {{"inputs": [instance, ...]}}')
+        instances = data["inputs"]
+        self._check_instances(instances)
+        return instances  # type: ignore[no-any-return]
+
+    def _check_instances(self, instances: Any) -> None:
+        if not isinstance(instances, list):
+            raise ServeError(422, f'"inputs" is a JSON {_json_type(instances)}: give a list of instances, one per input')
+        if not instances:
+            raise ServeError(422, '"inputs" is empty: give at least one instance')
+        if len(instances) > self.max_request_instances:
+            raise ServeError(413, f'"inputs" has {len(instances)} instances, more than this server takes in one request '
+                                  f"({self.max_request_instances}): split it")  # fmt: skip
+
+    async def _submit(self, instances: list[Any]) -> tuple[int, bytes]:
+        if self._loop is None or self._stopping or self._wake is None:
+            self._stats.record(503, None)
+            return 503, _detail("the model server is not running (starting or stopping)")
+        loop = self._loop
+        request = _Request(instances, loop.create_future(), loop.time())
+        self._queue.append(request)
+        self._queued_instances += len(instances)
+        self._wake.set()
+        status, body = await request.future
+        self._stats.record(status, loop.time() - request.t0 if status in (200, 422) else None)
+        return status, body
+
+    def _fail(self, request: _Request, exc: ServeError) -> None:
+        if not request.future.done():
+            request.future.set_result((exc.status, _detail(exc.detail)))
+
+    # -- the batcher ------------------------------------------------------------------------------
+    async def _batcher(self) -> None:
+        assert self._loop is not None and self._wake is not None and self._idle is not None
+        loop, wake, idle = self._loop, self._wake, self._idle
+        while True:
+            while not self._queue:
+                wake.clear()
+                idle.set()
+                await wake.wait()
+            idle.clear()
+            if self._queued_instances < self.max_batch_size and self.max_batch_wait_s > 0:
+                deadline = self._queue[0].t0 + self.max_batch_wait_s
+                while self._queued_instances < self.max_batch_size:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    wake.clear()
+                    try:
+                        await asyncio.wait_for(wake.wait(), remaining)
+                    except asyncio.TimeoutError:
+                        break
+            batch = self._take()
+            assert self._current is not None
+            info, model, model_json = self._current  # this batch runs on this version, whatever swaps meanwhile
+            size = sum(len(r.instances) for r in batch)
+            self._stats.batches += 1
+            self._stats.instances += size
+            self._stats.batch_sizes[size] += 1
+            try:
+                results, retried = await loop.run_in_executor(self._worker, self._run_batch, model, model_json, batch)
+            except asyncio.CancelledError:
+                for request in batch:
+                    self._fail(request, ServeError(503, "the model server is stopping"))
+                raise
+            except Exception as exc:  # the executor itself failed (shut down): nothing the model did
+                results = [(503, _detail(f"the model server cannot run the model: {exc}"))] * len(batch)
+                retried = False
+            self._stats.retried_batches += retried
+            for request, result in zip(batch, results, strict=True):
+                if not request.future.done():
+                    request.future.set_result(result)
+
+    def _take(self) -> list[_Request]:
+        """Whole requests from the front of the queue, up to max_batch_size instances (a larger
+        request alone)."""
+        batch: list[_Request] = []
+        size = 0
+        while self._queue:
+            n = len(self._queue[0].instances)
+            if batch and size + n > self.max_batch_size:
+                break
+            batch.append(self._queue.popleft())
+            size += n
+            if size >= self.max_batch_size:
+                break
+        self._queued_instances -= size
+        return batch
+
+    def _run_batch(self, model: Callable[[Any], Any], model_json: bytes,
+                   batch: list[_Request]) -> tuple[list[tuple[int, bytes]], bool]:  # fmt: skip
+        """In the worker thread: the batch as one call; if that raises, each request alone."""
+        if len(batch) == 1:
+            return [self._run_one(model, model_json, batch[0].instances)], False
+        instances = [x for r in batch for x in r.instances]
+        try:
+            outputs = infer(model, instances)
+        except Exception:
+            return [self._run_one(model, model_json, r.instances) for r in batch], True
+        results, start = [], 0
+        for r in batch:
+            end = start + len(r.instances)
+            results.append(_answer(outputs[start:end], model_json))
+            start = end
+        return results, False
+
+    def _run_one(self, model: Callable[[Any], Any], model_json: bytes, instances: list[Any]) -> tuple[int, bytes]:
+        try:
+            outputs: list[Any] = []
+            for i in range(0, len(instances), self.max_batch_size):
+                outputs.extend(infer(model, instances[i : i + self.max_batch_size]))
+        except Exception as exc:
+            return 422, _detail(f"the model failed on these inputs: {type(exc).__name__}: {exc}")
+        return _answer(outputs, model_json)
+
+    # -- swapping ---------------------------------------------------------------------------------
+    def _set_current(self, info: ModelInfo, model: Callable[[Any], Any]) -> None:
+        self._current = (info, model, json.dumps(info.to_dict(), separators=(",", ":")).encode())
+        self._loaded_at = time.time()
+
+    async def _poller(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            await self.refresh()
+
+    async def refresh(self) -> bool:
+        """Look for a new version now (the poller does it every ``poll_s``); load and swap it in.
+        True if a new version now answers."""
+        assert self._loop is not None and self._refresh_lock is not None, "start() the engine first"
+        async with self._refresh_lock:
+            loop = self._loop
+            try:
+                info = await loop.run_in_executor(self._loader, self.source.resolve)
+            except Exception as exc:
+                self._last_error = f"cannot resolve {self.source.describe()}: {type(exc).__name__}: {exc}"
+                return False
+            assert self._current is not None
+            current = self._current[0]
+            if (info.name, info.version) == (current.name, current.version):
+                return False
+            retry_at, failures = self._failed.get(info.uri, (0.0, 0))
+            if time.monotonic() < retry_at:
+                return False
+            self._loading = info
+            self._event(f"loading {info.uri} (was version {current.version})")
+            t0 = time.perf_counter()
+            try:
+                model = await loop.run_in_executor(self._loader, self.source.load, info)
+            except Exception as exc:
+                backoff = min(_MAX_BACKOFF_S, max(self.poll_s, 1.0) * 2**failures)
+                self._failed[info.uri] = (time.monotonic() + backoff, failures + 1)
+                self._last_error = f"cannot load {info.uri}: {type(exc).__name__}: {exc} (retry in {backoff:.0f} s)"
+                self._event(self._last_error + f"; version {current.version} goes on serving")
+                return False
+            finally:
+                self._loading = None
+            load_s = time.perf_counter() - t0
+            self._failed.pop(info.uri, None)
+            self._last_error = None
+            self._set_current(info, model)  # the next batch runs it; the one running finishes on the old
+            self._stats.swap_count += 1
+            self._stats.swaps.append({"from": current.version, "to": info.version, "at": time.time(),
+                                      "load_s": round(load_s, 3)})  # fmt: skip
+            self._event(f"now serving {info.uri} (loaded in {load_s:.2f} s)")
+            return True
+
+    def _event(self, message: str) -> None:
+        if self._on_event is not None:
+            self._on_event(message)
+
+    # -- what it serves ---------------------------------------------------------------------------
+    @property
+    def current(self) -> ModelInfo | None:
+        return self._current[0] if self._current is not None else None
+
+    def model_info(self) -> dict[str, Any]:
+        """The version answering now, what is served, and the batching settings."""
+        info = self.current
+        return {
+            **(info.to_dict() if info is not None else {"name": None, "version": None, "uri": None}),
+            "source": self.source.describe(),
+            "follows": self.source.follows and self.poll_s > 0,
+            "loaded_at": self._loaded_at,
+            "loading": self._loading.uri if self._loading is not None else None,
+            "model_class": type(self._current[1]).__qualname__ if self._current is not None else None,
+            "max_batch_size": self.max_batch_size,
+            "max_batch_wait_ms": self.max_batch_wait_s * 1e3,
+            "max_request_instances": self.max_request_instances,
+            "poll_s": self.poll_s,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Requests, errors by status, latency p50/p99 (ms) and throughput over the window, batch
+        sizes, the version answering and its swaps."""
+        info = self.current
+        return {
+            "model": info.to_dict() if info is not None else None,
+            "current_version": info.version if info is not None else None,
+            **self._stats.snapshot(),
+            "queued_requests": len(self._queue),
+            "queued_instances": self._queued_instances,
+            "loading": self._loading.uri if self._loading is not None else None,
+            "last_error": self._last_error,
+        }
+
+
+# -- model calls (worker thread) ------------------------------------------------------------------
+def infer(model: Callable[[Any], Any], instances: list[Any]) -> list[Any]:
+    """``model(batch)`` on a list of JSON instances, split into one JSON-able output per instance.
+    A ``trainforge.model.Model`` without its own ``preprocess`` gets the instances as a float32 tensor."""
+    return split_outputs(model(adapt_input(model, instances)), len(instances))
+
+
+def adapt_input(model: Any, instances: list[Any]) -> Any:
+    from trainforge._internal.managed.model import Model, torch_module
+
+    if isinstance(model, Model) and type(model).preprocess is Model.preprocess:
+        torch = torch_module()
+        try:
+            return torch.as_tensor(instances, dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(
+                f"the inputs are not a numeric tensor ({exc}); {type(model).__name__} has no preprocess(), so "
+                "send numeric instances of one shape (or write preprocess(data) to take these)"
+            ) from None
+    return instances
+
+
+def split_outputs(output: Any, n: int) -> list[Any]:
+    """One JSON-able output per instance: a tensor or array's rows, a list's items, or for a dict of
+    per-instance values, one dict per instance."""
+    if _is_array(output):
+        if len(getattr(output, "shape", ())) == 0 or output.shape[0] != n:
+            raise ValueError(f"the model returned an array of shape {tuple(output.shape)} for {n} instance(s): "
+                             f"its first dimension must be {n}, one output per instance")  # fmt: skip
+        return _to_list(output)  # type: ignore[no-any-return]
+    if isinstance(output, (list, tuple)):
+        if len(output) != n:
+            raise ValueError(f"the model returned {len(output)} outputs for {n} instance(s): return one output per instance")
+        return [jsonable(x) for x in output]
+    if isinstance(output, dict) and output:
+        columns = {str(k): split_outputs(v, n) for k, v in output.items()}
+        return [{k: col[i] for k, col in columns.items()} for i in range(n)]
+    raise ValueError(f"the model returned a {type(output).__name__} for {n} instance(s): return a tensor, array or "
+                     "list with one output per instance (first dimension), or a dict of them")  # fmt: skip
+
+
+def _is_array(x: Any) -> bool:
+    torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
+    return (torch is not None and isinstance(x, torch.Tensor)) or (np is not None and isinstance(x, np.ndarray))
+
+
+def _to_list(x: Any) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        if x.dtype in (torch.float16, torch.bfloat16):
+            x = x.float()
+    return x.tolist()
+
+
+def jsonable(x: Any) -> Any:
+    if x is None or isinstance(x, (str, bool, int, float)):
+        return x
+    if _is_array(x):
+        return _to_list(x)
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    raise TypeError(f"an output of type {type(x).__name__} is not JSON: return numbers, strings, lists, tensors or "
+                    "arrays from postprocess")  # fmt: skip
+
+
+def _answer(outputs: list[Any], model_json: bytes) -> tuple[int, bytes]:
+    try:
+        try:
+            encoded = json.dumps(outputs, allow_nan=False, separators=(",", ":")).encode()
+        except ValueError:  # NaN or infinity: null
+            encoded = json.dumps(_finite(outputs), allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        return 422, _detail(f"the model's outputs are not JSON: {exc}")
+    return 200, b'{"outputs":' + encoded + b',"model":' + model_json + b"}"
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    return x
+
+
+def _detail(text: str) -> bytes:
+    return json.dumps({"detail": text}, ensure_ascii=True).encode()
+
+
+def _json_type(x: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(x), type(x).__name__)  # fmt: skip
