@@ -46,3 +46,19 @@ def test_digits_reaches_95_percent(tmp_path):
 def test_plain_data_parallel_sees_every_item_once(tmp_path):
     proc = run_example("plain_data_parallel.py", "--storage-path", str(tmp_path))
     assert "every item seen exactly once: [1, 2, 3]" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+def test_registry_example_registers_loads_serves_and_moves_the_alias(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("fastapi")
+    registry = str(tmp_path / "registry")
+    proc = run_example("registry_digits.py", "--registry", registry, "--storage-path", str(tmp_path / "runs"),
+                       "--epochs", "3", "--num-workers", "1")  # fmt: skip
+    assert "registered models:/digits/1" in proc.stdout and "registered models:/digits/2" in proc.stdout
+    assert "served by models:/digits/1" in proc.stdout, proc.stdout
+    assert "after the alias moved, served by models:/digits/2" in proc.stdout, proc.stdout
+    assert "production's history: None->1, 1->2" in proc.stdout, proc.stdout
+    from trainforge.registry import Registry
+
+    assert Registry(registry).get("digits@production").version == 2
