@@ -351,3 +351,40 @@ def filesystem_of(path: str) -> dict:
     except OSError:
         pass
     return best
+
+
+class HttpConn:
+    """One keep-alive HTTP/1.1 connection on asyncio streams (``token``: sent as a bearer token): a
+    load generator's client, far lighter than a full HTTP client library, so that the clients' own
+    work disturbs the server they measure less."""
+
+    def __init__(self, host: str, port: int, token: str | None = None):
+        self.host, self.port = host, port
+        self.auth = f"Authorization: Bearer {token}\r\n" if token else ""
+        self.reader: Any = None
+        self.writer: Any = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        import asyncio
+
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+                f"{self.auth}Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        self.writer.write(head + body)
+        status_line = await self.reader.readline()
+        length = 0
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        data = await self.reader.readexactly(length)
+        return int(status_line.split()[1]), data
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            await self.writer.wait_closed()

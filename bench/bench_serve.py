@@ -49,6 +49,7 @@ sys.path.insert(0, BENCH_DIR)
 
 from _common import (  # noqa: E402
     REPO_ROOT,
+    HttpConn,
     finish,
     fmt,
     git_commit,
@@ -208,40 +209,6 @@ class Server:
             return self.proc.wait()
 
 
-class _Conn:
-    """One keep-alive HTTP/1.1 connection on asyncio streams: a load generator's client, far lighter
-    than a full HTTP client library, so that the clients' own work disturbs the server less."""
-
-    def __init__(self, host: str, port: int):
-        self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
-        self.writer.write(head + body)
-        status_line = await self.reader.readline()
-        length = 0
-        while True:
-            line = await self.reader.readline()
-            if line in (b"\r\n", b""):
-                break
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        data = await self.reader.readexactly(length)
-        return int(status_line.split()[1]), data
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            await self.writer.wait_closed()
-
-
 async def load(url: str, instances: list[list[float]], clients: int, duration: float, warmup: float,
                on_answer: Any = None) -> dict[str, Any]:  # fmt: skip
     """``clients`` concurrent loops of POST /v1/predict (one instance each, one connection each) for
@@ -258,7 +225,7 @@ async def load(url: str, instances: list[list[float]], clients: int, duration: f
     t_measure, t_end = t_start + warmup, t_start + warmup + duration
 
     async def one(k: int) -> None:
-        conn = _Conn(where.hostname, where.port)  # type: ignore[arg-type]
+        conn = HttpConn(where.hostname, where.port)  # type: ignore[arg-type]
         i = k * 37
         try:
             while True:
@@ -271,7 +238,7 @@ async def load(url: str, instances: list[list[float]], clients: int, duration: f
                 except Exception as exc:  # a failed request is counted, never raised
                     code, body = 0, {"detail": f"{type(exc).__name__}: {exc}"}
                     await conn.close()
-                    conn = _Conn(where.hostname, where.port)  # type: ignore[arg-type]
+                    conn = HttpConn(where.hostname, where.port)  # type: ignore[arg-type]
                 t1 = time.perf_counter()
                 if code != 200:
                     failed.append(f"{code}: {str(body.get('detail'))[:200]}")

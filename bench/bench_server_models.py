@@ -45,6 +45,7 @@ sys.path.insert(0, BENCH_DIR)
 
 from _common import (  # noqa: E402
     REPO_ROOT,
+    HttpConn,
     finish,
     fmt,
     git_commit,
@@ -132,39 +133,6 @@ def timed(fn: Any, repeats: int = REPEATS) -> dict[str, float]:
     return {"median_ms": statistics.median(times) * 1e3, "max_ms": max(times) * 1e3}
 
 
-class _Conn:
-    """One keep-alive HTTP/1.1 connection on asyncio streams, with the server's token."""
-
-    def __init__(self, host: str, port: int, token: str):
-        self.host, self.port, self.token = host, port, token
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                f"Authorization: Bearer {self.token}\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
-        self.writer.write(head + body)
-        status_line = await self.reader.readline()
-        length = 0
-        while True:
-            line = await self.reader.readline()
-            if line in (b"\r\n", b""):
-                break
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        data = await self.reader.readexactly(length)
-        return int(status_line.split()[1]), data
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            await self.writer.wait_closed()
-
-
 async def load(url: str, token: str, path: str, instances: list[list[float]], clients: int, duration: float,
                warmup: float) -> dict[str, Any]:  # fmt: skip
     from urllib.parse import urlsplit
@@ -178,7 +146,7 @@ async def load(url: str, token: str, path: str, instances: list[list[float]], cl
     t_measure, t_end = t_start + warmup, t_start + warmup + duration
 
     async def one(k: int) -> None:
-        conn = _Conn(where.hostname, where.port, token)  # type: ignore[arg-type]
+        conn = HttpConn(where.hostname, where.port, token)  # type: ignore[arg-type]
         i = k * 37
         try:
             while (t0 := time.perf_counter()) < t_end:
@@ -187,7 +155,7 @@ async def load(url: str, token: str, path: str, instances: list[list[float]], cl
                 except Exception as exc:  # counted, never raised
                     code, data = 0, json.dumps({"detail": f"{type(exc).__name__}: {exc}"}).encode()
                     await conn.close()
-                    conn = _Conn(where.hostname, where.port, token)  # type: ignore[arg-type]
+                    conn = HttpConn(where.hostname, where.port, token)  # type: ignore[arg-type]
                 t1 = time.perf_counter()
                 if code != 200:
                     failed.append(f"{code}: {data[:200]!r}")

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from modelutil import affine_model
 
 from trainforge.serve import ModelServer, ServeConfig
 from trainforge.serve._engine import ServeEngine, ServeError, split_outputs
@@ -431,27 +432,6 @@ def test_http_alias_move_under_load_loses_no_request():
 
 
 # -- a registered model (trainforge.registry) ------------------------------------------------------
-def _affine(scale: float) -> Any:
-    """A Model: [a, b] -> scale * (a + b). Defined in a function, so it is saved by value and a
-    server process needs no import path for it."""
-    torch = pytest.importorskip("torch")
-    from trainforge.model import Model
-
-    class Affine(Model):
-        def setup(self, config: dict[str, Any]) -> None:
-            net = torch.nn.Linear(2, 1)
-            with torch.no_grad():
-                net.weight.fill_(config["scale"])
-                net.bias.zero_()
-            self.register(models=net)
-
-        def preprocess(self, data: Any) -> Any:
-            return torch.as_tensor(data, dtype=torch.float32).reshape(-1, 2)
-
-        def postprocess(self, output: Any) -> Any:
-            return output.squeeze(-1)
-
-    return Affine({"scale": scale})
 
 
 @pytest.fixture
@@ -460,8 +440,8 @@ def registry(tmp_path):
     from trainforge.registry import Registry
 
     reg = Registry(str(tmp_path / "registry"))
-    reg.register("affine", _affine(1.0).save(str(tmp_path / "v1")), alias="prod")
-    reg.register("affine", _affine(2.0).save(str(tmp_path / "v2")))
+    reg.register("affine", affine_model(1.0).save(str(tmp_path / "v1")), alias="prod")
+    reg.register("affine", affine_model(2.0).save(str(tmp_path / "v2")))
     return reg
 
 

@@ -256,6 +256,9 @@ def _schema() -> Any:
 SCHEMA = _schema()
 SCHEMA_NO_STREAMS = SCHEMA.exclude(path_regex=JOB_STREAMS)
 SCHEMA_JOB_STREAMS = SCHEMA.include(path_regex=JOB_STREAMS)
+# The job routes' state machine: the registry's routes (fuzzed above, and walked in
+# test_server_models.py) would take most of its steps without ever reaching a job's id.
+SCHEMA_JOBS = SCHEMA_NO_STREAMS.exclude(path_regex=r"/(models|serve)(/|$)")
 
 
 def _seed(api: Api, ended: bool) -> Api:
@@ -307,7 +310,7 @@ def test_stateful_sequences_follow_the_schema(tmp_path):
     calls: list[tuple[str, str, int]] = []
     scenarios = iter(range(10**6))
 
-    class Workflow(SCHEMA_NO_STREAMS.as_state_machine()):  # type: ignore[misc]
+    class Workflow(SCHEMA_JOBS.as_state_machine()):  # type: ignore[misc]
         def setup(self):
             super().setup()
             self.api = Api(str(tmp_path / f"scenario{next(scenarios)}"), {"CPU": 2.0})

@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
+from modelutil import affine_model  # noqa: E402
 from serverutil import ServerProc  # noqa: E402
 
 from trainforge.server._config import ServerConfig  # noqa: E402
@@ -189,32 +190,11 @@ def test_requests_without_the_token_are_401(server):
     assert r.status_code == 401
 
 
-def _affine(scale: float) -> Any:
-    """A Model: [a, b] -> scale * (a + b); defined in a function, so it is saved by value and the
-    server loads it without an import path."""
-    torch = pytest.importorskip("torch")
-    from trainforge.model import Model
-
-    class Affine(Model):
-        def setup(self, config: dict[str, Any]) -> None:
-            net = torch.nn.Linear(2, 1)
-            with torch.no_grad():
-                net.weight.fill_(config["scale"])
-                net.bias.zero_()
-            self.register(models=net)
-
-        def preprocess(self, data: Any) -> Any:
-            return torch.as_tensor(data, dtype=torch.float32).reshape(-1, 2)
-
-        def postprocess(self, output: Any) -> Any:
-            return output.squeeze(-1)
-
-    return Affine({"scale": scale})
 
 
 def test_the_serving_route_predicts_follows_its_alias_and_refuses_bad_input(http, registry, tmp_path):
-    registry.register("affine", _affine(1.0).save(str(tmp_path / "v1")), alias="prod")
-    registry.register("affine", _affine(2.0).save(str(tmp_path / "v2")))
+    registry.register("affine", affine_model(1.0).save(str(tmp_path / "v1")), alias="prod")
+    registry.register("affine", affine_model(2.0).save(str(tmp_path / "v2")))
     out = _ok(http.post("/serve/affine@prod/predict", json={"inputs": [[1, 2], [3, 4]]}))
     assert out == {"outputs": [3.0, 7.0], "model": {"name": "affine", "version": 1, "uri": "models:/affine/1"}}
     out = _ok(http.post("/serve/affine/2/predict", json={"inputs": [[1, 2]]}))

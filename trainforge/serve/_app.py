@@ -24,23 +24,22 @@ from fastapi.responses import JSONResponse, Response
 import trainforge
 from trainforge.serve._engine import ServeEngine, _detail
 
-_PREDICT_DOC = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {
-            "type": "object", "required": ["inputs"],
-            "properties": {"inputs": {"type": "array", "minItems": 1, "items": {},
-                                      "description": "the instances, one per input of the model"}},
-        }}},
-    },
-    "responses": {
-        "200": {"description": '{"outputs": [one per instance], "model": {"name", "version", "uri"}}'},
+
+def predict_doc(**more: str) -> dict[str, Any]:
+    """The OpenAPI description of a predict route (its body and answers; ``more``: other statuses)."""
+    responses = {
+        "200": {"description": '{"outputs": [one per instance], "model": {"name", "version", "uri"}}',
+                "content": {"application/json": {}}},
         "400": {"description": "the body is not JSON"},
         "413": {"description": "too many instances, or too large a body"},
         "422": {"description": 'no "inputs" list, or the model failed on these inputs (the reason)'},
-        "503": {"description": "the server is starting or stopping"},
-    },
-}  # fmt: skip
+        **{status: {"description": text} for status, text in more.items()},
+    }
+    body = {"type": "object", "required": ["inputs"],
+            "properties": {"inputs": {"type": "array", "minItems": 1, "items": {},
+                                      "description": "the instances, one per input of the model"}}}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+            "responses": dict(sorted(responses.items()))}  # fmt: skip
 
 
 class _Guard:
@@ -57,29 +56,31 @@ class _Guard:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        host = _hostname(headers.get("host", ""))
+        host = host_name(headers.get("host", ""))
         if host not in self.allowed_hosts:
-            await _deny(send, 403, f"Host {headers.get('host')!r} is not this server's (allowed: "
+            await deny(send, 403, f"Host {headers.get('host')!r} is not this server's (allowed: "
                                    f"{sorted(self.allowed_hosts)}; add yours with --allowed-host)")  # fmt: skip
             return
         if self.token is not None and scope.get("path") != "/healthz":
             auth = headers.get("authorization", "")
             supplied = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(supplied.encode(), self.token):
-                await _deny(send, 401, "missing or wrong token: send 'Authorization: Bearer <token>' with the "
+                await deny(send, 401, "missing or wrong token: send 'Authorization: Bearer <token>' with the "
                                        "token the server was started with")  # fmt: skip
                 return
         await self.app(scope, receive, send)
 
 
-def _hostname(hostport: str) -> str:
+def host_name(hostport: str) -> str:
+    """The host of a ``Host`` header (``name:port``, ``[v6]:port``), lower case."""
     hostport = hostport.strip().lower()
     if hostport.startswith("["):
         return hostport[1 : hostport.find("]")] if "]" in hostport else hostport
     return hostport.rsplit(":", 1)[0] if hostport.count(":") == 1 else hostport
 
 
-async def _deny(send: Any, status: int, detail: str) -> None:
+async def deny(send: Any, status: int, detail: str) -> None:
+    """Answer an ASGI request with ``status`` and ``{"detail": detail}``."""
     body = _detail(detail)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
@@ -134,7 +135,8 @@ def make_app(engine: ServeEngine, *, token: str | None, allowed_hosts: set[str],
         "preprocess, forward and postprocess.",
     )
 
-    @app.post("/v1/predict", openapi_extra=_PREDICT_DOC, response_class=Response)
+    @app.post("/v1/predict", response_class=Response,
+              openapi_extra=predict_doc(**{"503": "the server is starting or stopping"}))  # fmt: skip
     async def predict(request: Request) -> Response:
         body = await read_body(request, max_body_bytes)
         if body is None:

@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 import trainforge
+from trainforge.serve._app import deny, host_name
 from trainforge.server import _store as st
 from trainforge.server._runner import EVENTS_FILE, OUTPUT_FILE, RESULT_FILE
 from trainforge.server._scheduler import Pending
@@ -257,14 +258,14 @@ class _Guard:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        host = _hostname(headers.get("host", ""))
+        host = host_name(headers.get("host", ""))
         if host not in self.allowed_hosts:
-            await _deny(send, 403, f"Host {headers.get('host')!r} is not this server's (allowed: {sorted(self.allowed_hosts)})")
+            await deny(send, 403, f"Host {headers.get('host')!r} is not this server's (allowed: {sorted(self.allowed_hosts)})")
             return
         origin = headers.get("origin")
         if origin and scope["method"] not in ("GET", "HEAD", "OPTIONS"):
-            if _hostname(origin.split("://", 1)[-1]) not in self.allowed_hosts:
-                await _deny(send, 403, f"cross-origin request from {origin!r} refused")
+            if host_name(origin.split("://", 1)[-1]) not in self.allowed_hosts:
+                await deny(send, 403, f"cross-origin request from {origin!r} refused")
                 return
         path = scope.get("path", "")
         if scope["method"] == "GET" and not path.startswith(API_PREFIX + "/") and b"token=" in scope.get("query_string", b""):
@@ -291,7 +292,7 @@ class _Guard:
             if not path.startswith(API_PREFIX + "/"):
                 await _deny_page(send)
                 return
-            await _deny(
+            await deny(
                 send, 401, "missing or wrong token: send 'Authorization: Bearer <token>' with the token from the "
                 "server's state directory (<state-dir>/token; the CLI and Python client read it themselves)",
             )  # fmt: skip
@@ -324,20 +325,6 @@ async def _deny_page(send: Any) -> None:
     await send({"type": "http.response.start", "status": 401,
                 "headers": [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(body)).encode()),
                             (b"content-security-policy", _PAGE_CSP)]})  # fmt: skip
-    await send({"type": "http.response.body", "body": body})
-
-
-def _hostname(hostport: str) -> str:
-    hostport = hostport.strip().lower()
-    if hostport.startswith("["):
-        return hostport[1 : hostport.find("]")] if "]" in hostport else hostport
-    return hostport.rsplit(":", 1)[0] if hostport.count(":") == 1 else hostport
-
-
-async def _deny(send: Any, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
     await send({"type": "http.response.body", "body": body})
 
 

@@ -101,7 +101,7 @@ class VersionOut(BaseModel):
 
 class RegisterIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    job: int | None = Field(default=None, ge=1, description="register this job's latest checkpoint (its run's Result)")
+    job: int | None = Field(default=None, ge=1, le=2**62, description="register this job's latest checkpoint (its run's Result)")
     source: str | None = Field(default=None, min_length=1, max_length=4096,
                                description="or a checkpoint directory or URL, as the server's machine sees it")  # fmt: skip
     model_class: str | None = Field(default=None, max_length=400, description="module:Class of its trainforge.model.Model")
@@ -358,25 +358,11 @@ class Engines:
             await self.close()
 
 
-_PREDICT_DOC = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {
-            "type": "object", "required": ["inputs"],
-            "properties": {"inputs": {"type": "array", "minItems": 1, "items": {},
-                                      "description": "the instances, one per input of the model"}},
-        }}},
-    },
-    "responses": {
-        "200": {"description": '{"outputs": [one per instance], "model": {"name", "version", "uri"}}',
-                "content": {"application/json": {}}},
-        "400": {"description": "the body is not JSON"},
-        "404": {"description": "no such model, version or alias"},
-        "413": {"description": "too many instances, or too large a body"},
-        "422": {"description": 'no "inputs" list, or the model failed on these inputs (the reason)'},
-        "503": {"description": "the model cannot be loaded, or the server is stopping"},
-    },
-}  # fmt: skip
+def _predict_doc() -> dict[str, Any]:
+    from trainforge.serve._app import predict_doc
+
+    return predict_doc(**{"404": "no such model, version or alias",
+                          "503": "the model cannot be loaded, or the server is stopping"})  # fmt: skip
 
 
 def router(models: Models, engines: Engines, prefix: str) -> APIRouter:
@@ -486,13 +472,13 @@ def router(models: Models, engines: Engines, prefix: str) -> APIRouter:
         status, payload = await engine.handle(body)
         return Response(payload, status_code=status, media_type="application/json")
 
-    @r.post("/serve/{name}@{alias}/predict", openapi_extra=_PREDICT_DOC, response_class=Response)
+    @r.post("/serve/{name}@{alias}/predict", openapi_extra=_predict_doc(), response_class=Response)
     async def predict_alias(request: Request, name: ModelName, alias: AliasName) -> Response:
         """Predictions of the version ``alias`` points at (followed as it moves)."""
         check_alias(alias)
         return await predict(request, f"{name}@{alias}")
 
-    @r.post("/serve/{name}/{version}/predict", openapi_extra=_PREDICT_DOC, response_class=Response)
+    @r.post("/serve/{name}/{version}/predict", openapi_extra=_predict_doc(), response_class=Response)
     async def predict_version(request: Request, name: ModelName, version: VersionNo) -> Response:
         """Predictions of one version."""
         return await predict(request, f"{name}/{version}")
