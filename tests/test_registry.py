@@ -430,7 +430,26 @@ def test_cli_register_list_alias_delete_push_pull(tmp_path):
 
 
 # -- S3 -------------------------------------------------------------------------------------------
-def test_s3_register_alias_pull_push_and_integrity(bucket, tmp_path):
+@pytest.fixture
+def atomic_s3_puts(monkeypatch):
+    """S3 makes a conditional put (If-None-Match: *) atomic; moto's server checks the condition and
+    then writes, unlocked, so two racing puts can both pass its check (seen under CI's load). A lock
+    around moto's put_object gives the test server S3's guarantee, which the registry relies on."""
+    import threading
+
+    from moto.s3.responses import S3Response
+
+    lock = threading.Lock()
+    real = S3Response.put_object
+
+    def put_object(self):
+        with lock:
+            return real(self)
+
+    monkeypatch.setattr(S3Response, "put_object", put_object)
+
+
+def test_s3_register_alias_pull_push_and_integrity(bucket, tmp_path, atomic_s3_puts):
     url = f"s3://{bucket}/registry"
     reg = Registry(url)
     mv = reg.register("net", _dir(tmp_path, "v1", {"a": b"a" * 3000, "b": b"b" * 100}), alias="production")
@@ -463,5 +482,5 @@ def test_s3_register_alias_pull_push_and_integrity(bucket, tmp_path):
         mirror.pull("net/1", str(tmp_path / "bad"))
 
 
-def test_s3_concurrent_registers_and_alias_moves(bucket, tmp_path):
+def test_s3_concurrent_registers_and_alias_moves(bucket, tmp_path, atomic_s3_puts):
     _concurrent_writers(f"s3://{bucket}/registry", tmp_path)
