@@ -123,63 +123,10 @@ def bench_direct(model: Any, instances: list[list[float]], duration: float) -> d
             "batched_instances_per_s": batches * BATCH / batch_s}  # fmt: skip
 
 
-class DirRegistry:
-    """``--no-registry``: versions as plain model directories and the alias as one JSON file, for
-    running this benchmark without ``trainforge.registry`` (the server is then ``ModelServer`` over
-    :class:`DirSource`, in a subprocess, instead of ``trainforge serve``)."""
-
-    def __init__(self, root: str):
-        self.uri = root
-        os.makedirs(root, exist_ok=True)
-
-    def register(self, name: str, path: str, alias: str | None = None) -> None:
-        import shutil
-
-        version = len([d for d in os.listdir(self.uri) if d.startswith("v")]) + 1
-        shutil.copytree(path, os.path.join(self.uri, f"v{version}"))
-        if alias:
-            self.set_alias(name, alias, version)
-
-    def set_alias(self, name: str, alias: str, version: int, by: str | None = None) -> None:
-        tmp = os.path.join(self.uri, f".{alias}.tmp")
-        with open(tmp, "w") as f:
-            json.dump({"version": version}, f)
-        os.replace(tmp, os.path.join(self.uri, f"{alias}.json"))
-
-    def load(self, ref: str) -> Any:
-        from trainforge.model import Model
-
-        return Model.load(os.path.join(self.uri, f"v{ref.rsplit('/', 1)[1]}"))
-
-
-def serve_dir(root: str, poll_s: float, wait_ms: float) -> None:
-    from trainforge.serve import ModelServer, ServeConfig
-    from trainforge.serve._source import ModelInfo, ModelSource
-
-    class DirSource(ModelSource):
-        def describe(self) -> str:
-            return f"{root} (prod.json)"
-
-        def resolve(self) -> ModelInfo:
-            with open(os.path.join(root, "prod.json")) as f:
-                version = json.load(f)["version"]
-            return ModelInfo(NAME, version, f"models:/{NAME}/{version}")
-
-        def load(self, info: ModelInfo) -> Any:
-            return DirRegistry(root).load(info.uri)
-
-    config = ServeConfig(port=0, poll_s=poll_s, max_batch_wait_ms=wait_ms)
-    ModelServer(config, source=DirSource()).run(lambda line: print(line, flush=True))
-
-
 class Server:
-    def __init__(self, registry: str, poll_s: float, wait_ms: float, use_registry: bool = True):
-        if use_registry:
-            cmd = [sys.executable, "-m", "trainforge", "serve", f"models:/{NAME}@prod", "--registry", registry,
-                   "--port", "0", "--poll-s", str(poll_s), "--max-batch-wait-ms", str(wait_ms)]  # fmt: skip
-        else:
-            cmd = [sys.executable, os.path.abspath(__file__), "--serve-dir", registry, "--poll-s", str(poll_s),
-                   "--wait-ms", str(wait_ms)]  # fmt: skip
+    def __init__(self, registry: str, poll_s: float, wait_ms: float):
+        cmd = [sys.executable, "-m", "trainforge", "serve", f"models:/{NAME}@prod", "--registry", registry,
+               "--port", "0", "--poll-s", str(poll_s), "--max-batch-wait-ms", str(wait_ms)]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT)
         self.lines: list[str] = []
         self.url: str | None = None
@@ -210,9 +157,9 @@ class Server:
 
 
 async def load(url: str, instances: list[list[float]], clients: int, duration: float, warmup: float,
-               on_answer: Any = None) -> dict[str, Any]:  # fmt: skip
-    """``clients`` concurrent loops of POST /v1/predict (one instance each, one connection each) for
-    ``duration`` s after ``warmup`` s."""
+               on_answer: Any = None, *, path: str = "/v1/predict", token: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """``clients`` concurrent loops of POST ``path`` (one instance each, one connection each, with
+    ``token`` as a bearer token) for ``duration`` s after ``warmup`` s."""
     from urllib.parse import urlsplit
 
     where = urlsplit(url)
@@ -225,7 +172,7 @@ async def load(url: str, instances: list[list[float]], clients: int, duration: f
     t_measure, t_end = t_start + warmup, t_start + warmup + duration
 
     async def one(k: int) -> None:
-        conn = HttpConn(where.hostname, where.port)  # type: ignore[arg-type]
+        conn = HttpConn(where.hostname, where.port, token)  # type: ignore[arg-type]
         i = k * 37
         try:
             while True:
@@ -233,12 +180,12 @@ async def load(url: str, instances: list[list[float]], clients: int, duration: f
                 if t0 >= t_end:
                     return
                 try:
-                    code, data = await conn.post("/v1/predict", bodies[i % N_INSTANCES])
+                    code, data = await conn.post(path, bodies[i % N_INSTANCES])
                     body = json.loads(data)
                 except Exception as exc:  # a failed request is counted, never raised
                     code, body = 0, {"detail": f"{type(exc).__name__}: {exc}"}
                     await conn.close()
-                    conn = HttpConn(where.hostname, where.port)  # type: ignore[arg-type]
+                    conn = HttpConn(where.hostname, where.port, token)  # type: ignore[arg-type]
                 t1 = time.perf_counter()
                 if code != 200:
                     failed.append(f"{code}: {str(body.get('detail'))[:200]}")
@@ -277,15 +224,7 @@ def main() -> int:
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--idle-wait", type=float, default=30.0)
     p.add_argument("--json-out", default=RESULTS)
-    p.add_argument("--no-registry", action="store_true",
-                   help="without trainforge.registry: plain model directories, ModelServer in a subprocess")
-    p.add_argument("--serve-dir", help=argparse.SUPPRESS)
-    p.add_argument("--poll-s", type=float, default=0.5, help=argparse.SUPPRESS)
-    p.add_argument("--wait-ms", type=float, default=5.0, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.serve_dir:
-        serve_dir(args.serve_dir, args.poll_s, args.wait_ms)
-        return 0
     if args.quick:
         args.duration, args.warmup = 2.0, 0.5
 
@@ -296,12 +235,9 @@ def main() -> int:
     idle_s = wait_for_idle(args.idle_wait)
     failed: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
-        if args.no_registry:
-            reg: Any = DirRegistry(os.path.join(tmp, "registry"))
-        else:
-            from trainforge.registry import Registry
+        from trainforge.registry import Registry
 
-            reg = Registry(os.path.join(tmp, "registry"))
+        reg = Registry(os.path.join(tmp, "registry"))
         for version in (1, 2):
             path = make_model(seed=version).save(os.path.join(tmp, f"v{version}"))
             reg.register(NAME, path, alias="prod" if version == 1 else None)
@@ -311,7 +247,7 @@ def main() -> int:
 
         served: dict[tuple[float, int], dict[str, Any]] = {}
         for wait_ms in WAITS_MS:
-            server = Server(reg.uri, poll_s=0.5, wait_ms=wait_ms, use_registry=not args.no_registry)
+            server = Server(reg.uri, poll_s=0.5, wait_ms=wait_ms)
             try:
                 assert server.url is not None
                 for clients in CONCURRENCY:
@@ -325,7 +261,7 @@ def main() -> int:
                 if server.stop() != 0:
                     failed.setdefault("server", []).append({"error": "exit code", "output_tail": server.lines[-20:]})
 
-        server = Server(reg.uri, poll_s=0.5, wait_ms=WAITS_MS[0], use_registry=not args.no_registry)
+        server = Server(reg.uri, poll_s=0.5, wait_ms=WAITS_MS[0])
         try:
             assert server.url is not None
             print("alias switch under load, 8 clients", file=sys.stderr, flush=True)
@@ -374,8 +310,7 @@ def main() -> int:
     print(table)
     print(f"\n({args.duration:g} s per run after {args.warmup:g} s warm-up; MLP 64-256-256-10 on CPU; client and "
           f"server on the same {os.cpu_count()} CPUs; server: "
-          f"{'ModelServer over plain model directories (--no-registry)' if args.no_registry else 'trainforge serve'}"
-          f", exit code after SIGTERM: {exit_code})")  # fmt: skip
+          f"trainforge serve, exit code after SIGTERM: {exit_code})")  # fmt: skip
     if exit_code != 0:
         failed["server"] = [{"error": f"exit code {exit_code}", "output_tail": "".join(server.lines[-20:])}]
     data = {

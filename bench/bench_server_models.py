@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import os
 import re
 import signal
@@ -45,7 +44,6 @@ sys.path.insert(0, BENCH_DIR)
 
 from _common import (  # noqa: E402
     REPO_ROOT,
-    HttpConn,
     finish,
     fmt,
     git_commit,
@@ -54,32 +52,11 @@ from _common import (  # noqa: E402
     render_text,
     wait_for_idle,
 )
+from bench_serve import N_INSTANCES, load, make_model, percentiles  # noqa: E402  (the same model and clients)
 
 RESULTS = os.path.join(BENCH_DIR, "results", "server_models.json")
 CONCURRENCY = (1, 8, 64)
-N_INSTANCES = 1024
 REPEATS = 20
-
-
-def make_model(seed: int) -> Any:
-    import torch
-
-    from trainforge.model import Model
-
-    class MLP(Model):  # defined here: saved by value with the model, so the server needs no import path
-        def setup(self, config: dict[str, Any]) -> None:
-            torch.manual_seed(config["seed"])
-            net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                                      torch.nn.ReLU(), torch.nn.Linear(256, 10))  # fmt: skip
-            self.register(models=net)
-
-        def preprocess(self, data: Any) -> Any:
-            return torch.as_tensor(data, dtype=torch.float32).reshape(-1, 64)
-
-        def postprocess(self, logits: Any) -> Any:
-            return logits.argmax(-1)
-
-    return MLP({"seed": seed})
 
 
 class TrainServer:
@@ -117,13 +94,6 @@ class TrainServer:
             return self.proc.wait()
 
 
-def percentiles(latencies: list[float]) -> tuple[float | None, float | None]:
-    if not latencies:
-        return None, None
-    s = sorted(latencies)
-    return s[max(0, round(0.5 * len(s)) - 1)] * 1e3, s[max(0, -(-99 * len(s) // 100) - 1)] * 1e3
-
-
 def timed(fn: Any, repeats: int = REPEATS) -> dict[str, float]:
     times = []
     for _ in range(repeats):
@@ -131,44 +101,6 @@ def timed(fn: Any, repeats: int = REPEATS) -> dict[str, float]:
         fn()
         times.append(time.perf_counter() - t0)
     return {"median_ms": statistics.median(times) * 1e3, "max_ms": max(times) * 1e3}
-
-
-async def load(url: str, token: str, path: str, instances: list[list[float]], clients: int, duration: float,
-               warmup: float) -> dict[str, Any]:  # fmt: skip
-    from urllib.parse import urlsplit
-
-    where = urlsplit(url)
-    assert where.hostname is not None and where.port is not None
-    bodies = [json.dumps({"inputs": [x]}).encode() for x in instances]
-    lat: list[float] = []
-    failed: list[str] = []
-    t_start = time.perf_counter()
-    t_measure, t_end = t_start + warmup, t_start + warmup + duration
-
-    async def one(k: int) -> None:
-        conn = HttpConn(where.hostname, where.port, token)  # type: ignore[arg-type]
-        i = k * 37
-        try:
-            while (t0 := time.perf_counter()) < t_end:
-                try:
-                    code, data = await conn.post(path, bodies[i % N_INSTANCES])
-                except Exception as exc:  # counted, never raised
-                    code, data = 0, json.dumps({"detail": f"{type(exc).__name__}: {exc}"}).encode()
-                    await conn.close()
-                    conn = HttpConn(where.hostname, where.port, token)  # type: ignore[arg-type]
-                t1 = time.perf_counter()
-                if code != 200:
-                    failed.append(f"{code}: {data[:200]!r}")
-                elif t0 >= t_measure:
-                    lat.append(t1 - t0)
-                i += 1
-        finally:
-            await conn.close()
-
-    await asyncio.gather(*(one(k) for k in range(clients)))
-    p50, p99 = percentiles(lat)
-    return {"requests": len(lat), "failed": len(failed), "failures": failed[:5], "p50_ms": p50, "p99_ms": p99,
-            "throughput_rps": len(lat) / duration}  # fmt: skip
 
 
 def main() -> int:
@@ -241,8 +173,9 @@ def main() -> int:
                 r.raise_for_status()
             for clients in CONCURRENCY:
                 print(f"serving route, {clients} client(s)", file=sys.stderr, flush=True)
-                served[clients] = asyncio.run(load(server.url, server.token, "/api/v1/serve/bench-mlp@prod/predict",
-                                                   instances, clients, args.duration, args.warmup))  # fmt: skip
+                served[clients] = asyncio.run(load(server.url, instances, clients, args.duration, args.warmup,
+                                                   path="/api/v1/serve/bench-mlp@prod/predict", token=server.token))
+                served[clients].pop("answers")
         finally:
             exit_code = server.stop()
         import torch

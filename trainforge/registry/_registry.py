@@ -329,8 +329,8 @@ class Registry:
         """The version ``ref`` names (``name/3``, ``name@alias``, ``name`` for the latest; with or without
         ``models:/``). ``KeyError`` (``ModelNotFoundError``) says what exists when it names nothing."""
         r = ref if isinstance(ref, ModelRef) else parse_model_uri(ref)
-        if r.registry is not None and Registry(r.registry) != self:
-            return Registry(r.registry).get(ModelRef(r.name, r.version, r.alias))
+        if r.registry is not None and (other := Registry(r.registry)) != self:
+            return other.get(ModelRef(r.name, r.version, r.alias))
         if r.version is not None:
             return self._version(r.name, r.version)
         if r.alias is not None:

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-MODEL_URI_SCHEME = "models:/"
+from trainforge.registry._uri import SCHEME as MODEL_URI_SCHEME
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,18 +74,14 @@ class StaticSource(ModelSource):
 
 
 def split_registry(uri: str, registry: str | None) -> tuple[str, str | None]:
-    """``("models:/name@alias", registry)`` from a URI that may carry ``?registry=<url>``."""
-    ref, sep, query = uri.partition("?")
-    if sep:
-        from urllib.parse import parse_qs
+    """``("models:/name@alias", registry)`` from a URI that may carry ``?registry=<url>``
+    (parsed by :func:`trainforge.registry.parse_model_uri`)."""
+    from trainforge.registry import ModelRef, parse_model_uri
 
-        given = parse_qs(query).get("registry")
-        if not given:
-            raise ValueError(f"{uri!r}: the only query a model URI takes is ?registry=<url>")
-        if registry is not None and registry != given[0]:
-            raise ValueError(f"{uri!r} names registry {given[0]!r} but {registry!r} was given too: give one.")
-        registry = given[0]
-    return ref, registry
+    ref = parse_model_uri(uri)
+    if ref.registry is not None and registry is not None and registry != ref.registry:
+        raise ValueError(f"{uri!r} names registry {ref.registry!r} but {registry!r} was given too: give one.")
+    return str(ModelRef(ref.name, ref.version, ref.alias)), ref.registry or registry
 
 
 class RegistrySource(ModelSource):
@@ -98,8 +94,7 @@ class RegistrySource(ModelSource):
         if not isinstance(ref, str) or not ref.strip():
             raise ValueError(f"RegistrySource(ref={ref!r}): give a model URI such as 'models:/name@production'.")
         self.ref, self.registry_uri = split_registry(ref.strip(), registry)
-        bare = self.ref.removeprefix(MODEL_URI_SCHEME)
-        self._fixed = "@" not in bare and "/" in bare
+        self._fixed = "@" not in self.ref and self.ref.count("/") > 1  # models:/name/3
         self._registry: Any = None
 
     @property
