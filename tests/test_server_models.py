@@ -122,9 +122,19 @@ def test_deleting_an_aliased_version_needs_force_and_gc_frees_what_nothing_uses(
     assert _ok(http.delete("/models/deleted/versions/2", params={"force": "true"}), 204) is None
     assert [v["version"] for v in _ok(http.get("/models/deleted/versions"))] == [3]
     assert "production" not in _ok(http.get("/models/deleted"))["aliases"]
+    # Each delete freed its own file at once ("shared" is version 3's too): gc finds nothing more.
+    import hashlib
+
+    blobs = os.path.join(registry.url, "blobs", "sha256")
+    for i in (1, 2):
+        sha = hashlib.sha256(bytes([i]) * 5000).hexdigest()
+        assert not os.path.exists(os.path.join(blobs, sha[:2], sha))
     gc = _ok(http.post("/models/gc"))
     assert set(gc) == {"blobs_removed", "bytes_freed"} and gc["blobs_removed"] >= 0 and gc["bytes_freed"] >= 0
-    assert registry.pull("deleted/3")  # what version 3 needs is still there, "shared" included
+    assert gc == {"blobs_removed": 0, "bytes_freed": 0}
+    pulled = registry.pull("deleted/3")  # what version 3 needs is still there, "shared" included
+    assert open(os.path.join(pulled, "shared"), "rb").read() == b"same"
+    assert open(os.path.join(pulled, "w"), "rb").read() == bytes([3]) * 5000
     assert _ok(http.post("/models/gc")) == {"blobs_removed": 0, "bytes_freed": 0}  # nothing left to free
 
 
