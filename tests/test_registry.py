@@ -258,12 +258,12 @@ def test_push_copies_only_missing_blobs_resumes_and_keeps_aliases(tmp_path, monk
 
 # -- concurrent writers, each its own process -----------------------------------------------------
 _WRITER = textwrap.dedent("""
-    import os, sys, time, json
+    import sys, json
     from trainforge.registry import Registry
-    url, go, src, mode = sys.argv[1:5]
+    url, src, mode = sys.argv[1:4]
     reg = Registry(url)
-    while not os.path.exists(go):
-        time.sleep(0.001)
+    print("ready", flush=True)
+    sys.stdin.readline()  # all start together, once every writer has imported
     if mode == "register":
         print(json.dumps(reg.register("race", src).version))
     else:
@@ -271,11 +271,16 @@ _WRITER = textwrap.dedent("""
 """)
 
 
-def _race(url: str, tmp_path, src: str, mode: str, n: int = 8) -> list:
-    go = str(tmp_path / f"go-{mode}")
-    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, url, go, src, mode], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": REPO}) for _ in range(n)]  # fmt: skip
-    open(go, "w").close()
+def _race(url: str, src: str, mode: str, n: int = 8) -> list:
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, url, src, mode], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
+             for _ in range(n)]  # fmt: skip
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
     outs = []
     for p in procs:
         out, _ = p.communicate(timeout=120)
@@ -287,10 +292,10 @@ def _race(url: str, tmp_path, src: str, mode: str, n: int = 8) -> list:
 def _concurrent_writers(url: str, tmp_path) -> None:
     reg = Registry(url)
     src = _dir(tmp_path, "race-src", {"w": b"w" * 10000})
-    versions = _race(url, tmp_path, src, "register")
+    versions = _race(url, src, "register")
     assert sorted(versions) == list(range(1, 9))
     assert [v.version for v in reg.versions("race")] == list(range(1, 9))
-    seqs = _race(url, tmp_path, src, "alias", n=6)
+    seqs = _race(url, src, "alias", n=6)
     history = reg.alias_history("race", "production")
     assert sorted(s for out in seqs for s in out) == list(range(1, 31)) == [m.seq for m in history]
     for before, after in zip(history, history[1:], strict=False):  # one order: each move starts where the last ended
