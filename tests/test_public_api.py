@@ -73,8 +73,8 @@ def test_model_and_sgd_all_are_pinned():
 def test_registry_and_serve_all_are_pinned():
     assert trainforge.registry.__all__ == [
         "AliasMove", "AliasedVersionError", "ConflictError", "IntegrityError", "ModelNotFoundError", "ModelRef",
-        "ModelVersion", "RegisteredModel", "Registry", "RegistryError", "default_registry_url", "load_model",
-        "parse_model_uri",
+        "ModelVersion", "RegisteredModel", "Registry", "RegistryError", "SymlinkError", "default_registry_url",
+        "load_model", "parse_model_uri",
     ]  # fmt: skip
     assert trainforge.serve.__all__ == ["ModelServer", "ServeConfig", "serve"]
 

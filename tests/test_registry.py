@@ -22,8 +22,11 @@ from trainforge import Checkpoint, DataParallelTrainer, RunConfig, ScalingConfig
 from trainforge.registry import (
     AliasedVersionError,
     IntegrityError,
+    ModelNotFoundError,
     ModelRef,
     Registry,
+    RegistryError,
+    SymlinkError,
     load_model,
     parse_model_uri,
 )
@@ -107,8 +110,9 @@ def test_a_checkpoint_is_linked_a_directory_copied_and_unchanged_files_not_read_
     mv = reg.register("dir", src)
     assert os.stat(blob(mv, "w")).st_ino != os.stat(os.path.join(src, "w")).st_ino
     assert os.stat(blob(mv, "w")).st_mode & 0o222 == 0
-    # A committed checkpoint is never modified: its files are hard-linked, not copied.
+    # A committed checkpoint is never modified: its read-only files are hard-linked, not copied.
     ck = _dir(tmp_path, "ckpt2", {"x": b"x" * 7000})
+    os.chmod(os.path.join(ck, "x"), 0o444)
     mv = reg.register("ckpt", Checkpoint.from_directory(ck))
     assert os.stat(blob(mv, "x")).st_ino == os.stat(os.path.join(ck, "x")).st_ino
     # Files this machine hashed before (same inode, size, mtime, ctime) are not read again.
@@ -121,6 +125,147 @@ def test_a_checkpoint_is_linked_a_directory_copied_and_unchanged_files_not_read_
     mv3 = reg.register("dir", src)
     assert reads == [os.path.join(src, "m")] and reg.last_transfer["files_copied"] == 1
     assert open(os.path.join(reg.local_dir(mv3), "m"), "rb").read() == b"changed"
+
+
+def _mode(path) -> int:
+    return os.stat(path).st_mode & 0o7777
+
+
+def test_registering_never_changes_a_source_files_mode_and_blobs_are_read_only(tmp_path):
+    from trainforge._internal.result import Result
+
+    reg = Registry(str(tmp_path / "reg"))
+    blob = lambda mv, f: os.path.join(reg.url, "blobs", "sha256", mv.files[f]["sha256"][:2], mv.files[f]["sha256"])  # noqa: E731
+    # A symlink in a committed checkpoint (or a Result's): refused, and its target keeps its mode (the
+    # registry used to link the target into the blobs and chmod it 0444: a 0600 secret became readable).
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"token")
+    os.chmod(secret, 0o600)
+    ck = _dir(tmp_path, "linked", {"w": b"w" * 100})
+    os.symlink(secret, os.path.join(ck, "secret"))
+    for source in (Checkpoint.from_directory(ck), Result(metrics={}, checkpoint=Checkpoint.from_directory(ck),
+                                                         error=None, path=str(tmp_path))):  # fmt: skip
+        with pytest.raises(SymlinkError):
+            reg.register("leak", source)
+        assert _mode(secret) == 0o600
+    assert reg.model_names() == [] and _blobs(reg.url) == {}
+    # A writable file of a checkpoint is copied (linking it would make the blob writable, or need a chmod
+    # of the user's file): the source keeps 0640, the blob is a read-only file of its own.
+    ck = _dir(tmp_path, "writable", {"w": b"w" * 3000, "ro": b"r" * 10})
+    os.chmod(os.path.join(ck, "w"), 0o640)
+    os.chmod(os.path.join(ck, "ro"), 0o440)
+    mv = reg.register("ck", Checkpoint.from_directory(ck))
+    assert _mode(os.path.join(ck, "w")) == 0o640 and _mode(os.path.join(ck, "ro")) == 0o440
+    assert os.stat(blob(mv, "w")).st_ino != os.stat(os.path.join(ck, "w")).st_ino
+    assert _mode(blob(mv, "w")) & 0o222 == 0
+    # A read-only one is hard-linked as it is (nothing to change): the blob is that file, mode and all.
+    assert os.stat(blob(mv, "ro")).st_ino == os.stat(os.path.join(ck, "ro")).st_ino
+    assert _mode(blob(mv, "ro")) == 0o440
+    assert open(os.path.join(reg.local_dir(mv), "w"), "rb").read() == b"w" * 3000
+
+
+def _fsspec_checkpoint(directory: str) -> Checkpoint:
+    """The checkpoint at ``directory`` on an fsspec filesystem that is not the local one (``dir://``
+    over the local disk: links show as links, and a download would follow them)."""
+    import fsspec
+    from fsspec.implementations.dirfs import DirFileSystem
+
+    fs = DirFileSystem(os.path.dirname(directory), fsspec.filesystem("file"))
+    ck = Checkpoint(os.path.basename(directory), fs)
+    assert not ck.is_local
+    return ck
+
+
+@pytest.mark.parametrize("registry", ["local", "memory"])
+@pytest.mark.parametrize("how", ["directory", "file-url", "checkpoint", "result", "fsspec"])
+@pytest.mark.parametrize(("rel", "target"), [("passwd_link", "/etc/passwd"), ("sub/etc_dir", "/etc"),
+                                             ("sub/inside", "../w"), ("dangling", "nowhere")])  # fmt: skip
+def test_a_symlink_in_a_source_is_refused_naming_it_by_every_way_in(tmp_path, registry, how, rel, target):
+    import uuid
+
+    from trainforge._internal.result import Result
+
+    reg = Registry(str(tmp_path / "reg") if registry == "local" else f"memory://reg-{uuid.uuid4().hex}")
+    src = _dir(tmp_path, "ckpt", {"w": b"weights", "sub/x": b"x"})
+    os.symlink(target, os.path.join(src, *rel.split("/")))
+    source = {
+        "directory": lambda: src,
+        "file-url": lambda: f"file://{src}",
+        "checkpoint": lambda: Checkpoint.from_directory(src),
+        "result": lambda: Result(metrics={}, checkpoint=Checkpoint.from_directory(src), error=None, path=str(tmp_path)),
+        "fsspec": lambda: _fsspec_checkpoint(src),
+    }[how]()
+    with pytest.raises(SymlinkError) as info:
+        reg.register("net", source)
+    text = str(info.value)
+    assert f"{rel} " in text and repr(target) in text, text  # the file, and where it points
+    assert "copy what it points to" in text.lower() and "remove the link" in text, text  # what to do
+    assert isinstance(info.value, RegistryError) and isinstance(info.value, ValueError)
+    assert reg.model_names() == []
+
+
+def test_cli_register_refuses_a_symlink_naming_it(tmp_path):
+    src = _dir(tmp_path, "ckpt", {"w": b"w"})
+    os.symlink("/etc/passwd", os.path.join(src, "passwd_link"))
+    reg = str(tmp_path / "reg")
+    out = _cli("register", "net", src, "--registry", reg, ok=False)
+    assert "passwd_link" in out.stderr and "/etc/passwd" in out.stderr and "Traceback" not in out.stderr
+    assert Registry(reg).model_names() == []
+
+
+def test_a_fifo_in_a_source_is_refused_instead_of_read_forever(tmp_path):
+    src = _dir(tmp_path, "ckpt", {"w": b"w"})
+    os.mkfifo(os.path.join(src, "pipe"))
+    reg = Registry(str(tmp_path / "reg"))
+    with pytest.raises(ValueError, match="pipe in .* is not a regular file"):
+        reg.register("net", src)
+    assert reg.model_names() == []
+
+
+def test_a_version_another_process_deleted_is_gone_at_once(tmp_path):
+    mine, theirs = Registry(str(tmp_path / "reg")), Registry(str(tmp_path / "reg"))
+    for i in (1, 2, 3):
+        mine.register("m", _dir(tmp_path, f"v{i}", {"w": bytes([i]) * 100}))
+    held = mine.get("models:/m/3")  # its manifest is cached now, and so is its local copy
+    assert mine.get("m").version == 3 and os.path.isdir(mine.local_dir(held))
+    theirs.delete_version("m", 3)
+    with pytest.raises(ModelNotFoundError, match=r"no version 3.*\[1, 2\]"):
+        mine.get("models:/m/3")
+    with pytest.raises(KeyError):
+        mine.load("models:/m/3")
+    with pytest.raises(KeyError):
+        mine.set_alias("m", "prod", 3)
+    with pytest.raises(KeyError):
+        held.checkpoint  # noqa: B018 (a version in hand is looked up again)
+    assert [v.version for v in mine.versions("m")] == [1, 2] and mine.get("m").version == 2
+    assert mine.get_model("m").latest_version == 2
+    # Cheaply: a cached version costs one existence check, no read.
+    calls = []
+    for op in ("exists", "read"):
+        real = getattr(mine._b, op)
+        setattr(mine._b, op, lambda rel, _op=op, _real=real: calls.append((_op, rel)) or _real(rel))
+    assert mine.get("m/2").version == 2
+    assert calls == [("exists", "models/m/versions/2.json")]
+
+
+def test_every_registry_error_is_a_registry_error(tmp_path):
+    import trainforge.registry as registry
+
+    errors = [getattr(registry, n) for n in registry.__all__
+              if isinstance(getattr(registry, n), type) and issubclass(getattr(registry, n), BaseException)]  # fmt: skip
+    assert {e.__name__ for e in errors} >= {"ConflictError", "AliasedVersionError", "IntegrityError",
+                                            "ModelNotFoundError", "SymlinkError", "RegistryError"}  # fmt: skip
+    for cls in errors:
+        assert cls.__module__ == "trainforge.registry._types", cls  # the tree is drawn in one place
+        try:
+            raise cls("what happened")
+        except RegistryError as exc:
+            assert type(exc) is cls
+    assert issubclass(ModelNotFoundError, KeyError)  # code that catches KeyError goes on working
+    try:
+        Registry(str(tmp_path / "reg")).get("nope")
+    except RegistryError as exc:
+        assert isinstance(exc, KeyError) and "no model 'nope'" in str(exc)
 
 
 def test_errors_name_what_exists(tmp_path):

@@ -13,17 +13,26 @@ A registry is a directory or any fsspec URL; it needs no database or server. Ver
 from 1 and never change; identical files are stored once (by sha256); an alias move is recorded with
 who made it and when. ``models:/name/3`` and ``models:/name@production`` work wherever a checkpoint
 is accepted (``resume_from_checkpoint``, ``Checkpoint.from_uri``, a tuner's trainer).
+
+What is registered is exactly the source's regular files, and the source is left as it was: a
+symbolic link in it (to a file or a directory, inside it or out) is refused with ``SymlinkError``
+naming it, never followed; no source file is modified, its mode included (files are copied into the
+registry, or hard-linked when a committed checkpoint's file is read-only already). A version deleted
+by anyone is not found at once, by every ``Registry``. Every error of the registry is a
+``RegistryError`` (the tree: :mod:`trainforge.registry._types`).
 """
 
-from trainforge.registry._registry import ModelNotFoundError, Registry, default_registry_url, load_model
+from trainforge.registry._registry import Registry, default_registry_url, load_model
 from trainforge.registry._types import (
     AliasedVersionError,
     AliasMove,
     ConflictError,
     IntegrityError,
+    ModelNotFoundError,
     ModelVersion,
     RegisteredModel,
     RegistryError,
+    SymlinkError,
 )
 from trainforge.registry._uri import ModelRef, parse_model_uri
 
@@ -38,6 +47,7 @@ __all__ = [
     "RegisteredModel",
     "Registry",
     "RegistryError",
+    "SymlinkError",
     "default_registry_url",
     "load_model",
     "parse_model_uri",

@@ -12,6 +12,14 @@ A version becomes visible in one step: its manifest is created exclusively (a ha
 disk, a conditional put on S3) after all its blobs are stored, so a half-written version is never
 seen and two writers never get one number. An alias move is the exclusive create of the next entry
 of its history, so racing moves are all recorded, in one order, and the last one wins.
+
+What a register stores is exactly its source's regular files: a symbolic link in a source is refused
+(``SymlinkError``, never followed), and a source file is never modified, its mode included (a file is
+hard-linked into the blobs only when it is a committed checkpoint's and read-only already; otherwise
+it is copied): see :mod:`trainforge.registry._source`.
+
+A deleted version is not found at once, by every ``Registry`` object: a manifest's content is kept
+(it never changes), but whether it still exists is checked on each lookup (one ``exists``).
 """
 
 from __future__ import annotations
@@ -23,7 +31,6 @@ import hashlib
 import importlib
 import json
 import logging
-import math
 import os
 import shutil
 import socket
@@ -36,15 +43,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from trainforge.registry._backend import Backend, LocalBackend, open_backend
+from trainforge.registry._source import local_source, place, walk
 from trainforge.registry._types import (
     AliasedVersionError,
     AliasMove,
     ConflictError,
     IntegrityError,
+    ModelNotFoundError,
     ModelVersion,
     RegisteredModel,
 )
-from trainforge.registry._uri import ModelRef, check_alias, check_name, is_model_uri, parse_model_uri
+from trainforge.registry._uri import ModelRef, check_alias, check_name, parse_model_uri
 
 logger = logging.getLogger("trainforge.registry")
 
@@ -55,13 +64,6 @@ _CHUNK = 1 << 20
 
 Progress = Callable[[int, int, str], None]
 """``progress(bytes_done, bytes_total, what)``, called as files are copied."""
-
-
-class ModelNotFoundError(KeyError):
-    """No such model, version or alias (a ``KeyError``; its message says what exists)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 def default_registry_url() -> str:
@@ -130,21 +132,6 @@ def _json_dict(value: Any, field: str) -> dict[str, Any]:
         out: dict[str, Any] = json.loads(json.dumps(value))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{field}={value!r} must be JSON (strings, numbers, lists and dicts of them): {exc}") from None
-    return out
-
-
-def _scalar_metrics(metrics: dict[str, Any] | None) -> dict[str, Any]:
-    """The finite numbers and strings of a run's last metrics (what a version records by default)."""
-    out: dict[str, Any] = {}
-    for k, v in (metrics or {}).items():
-        if isinstance(v, bool) or k == "config":
-            continue
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            out[str(k)] = v
-        elif hasattr(v, "item") and getattr(v, "size", 2) == 1:  # numpy / torch scalars
-            item = v.item()
-            if isinstance(item, (int, float)) and math.isfinite(item):
-                out[str(k)] = item
     return out
 
 
@@ -269,15 +256,23 @@ class Registry:
                 live.append(n)
         return sorted(set(live)), highest
 
-    def _manifest(self, name: str, version: int) -> dict[str, Any]:
-        key = (name, version)
-        if key not in self._manifests:
-            self._manifests[key] = json.loads(self._b.read(f"{_versions_dir(name)}/{version}.json"))
-        return self._manifests[key]
+    def _manifest(self, name: str, version: int, *, listed: bool = False) -> dict[str, Any]:
+        """Version ``version``'s manifest; FileNotFoundError when it does not exist (any more). Its
+        content never changes, so it is kept; whether it exists is not kept (another process may
+        delete it): a kept one costs one ``exists``, skipped when ``listed`` (the caller has just seen
+        it in a listing)."""
+        path = f"{_versions_dir(name)}/{version}.json"
+        manifest = self._manifests.get((name, version))
+        if manifest is None:
+            manifest = self._manifests[(name, version)] = json.loads(self._b.read(path))
+        elif not listed and not self._b.exists(path):
+            self._manifests.pop((name, version), None)
+            raise FileNotFoundError(path)
+        return manifest
 
-    def _version(self, name: str, version: int) -> ModelVersion:
+    def _version(self, name: str, version: int, *, listed: bool = False) -> ModelVersion:
         try:
-            return ModelVersion.from_manifest(self._manifest(name, version), self)
+            return ModelVersion.from_manifest(self._manifest(name, version, listed=listed), self)
         except FileNotFoundError:
             live, _ = self._numbers(name)
             if not live and not self._exists(name):
@@ -307,7 +302,7 @@ class Registry:
         live, highest = self._numbers(name)
         if not highest and not self._exists(name):
             raise self._no_model(name)
-        latest = self._version(name, live[-1]) if live else None
+        latest = self._version(name, live[-1], listed=True) if live else None
         moves = [m for m in (self._last_move(name, a) for a in self._alias_names(name)) if m is not None]
         aliases = {m.alias: m.to_version for m in moves if m.to_version is not None}
         updated = max([latest.created_at if latest else 0.0] + [m.at for m in moves])
@@ -323,7 +318,7 @@ class Registry:
         live, highest = self._numbers(name)
         if not highest and not self._exists(name):
             raise self._no_model(name)
-        return [self._version(name, n) for n in live]
+        return [self._version(name, n, listed=True) for n in live]
 
     def get(self, ref: str | ModelRef) -> ModelVersion:
         """The version ``ref`` names (``name/3``, ``name@alias``, ``name`` for the latest; with or without
@@ -349,7 +344,14 @@ class Registry:
             if not highest and not self._exists(r.name):
                 raise self._no_model(r.name)
             raise ModelNotFoundError(f"model {r.name!r} has no versions left in registry {self.url}")
-        return self._version(r.name, live[-1])
+        return self._version(r.name, live[-1], listed=True)
+
+    def _live(self, ref: str | ModelRef | ModelVersion) -> ModelVersion:
+        """The version ``ref`` names; a ``ModelVersion`` in hand is checked too (deleted since?)."""
+        if isinstance(ref, ModelVersion):
+            self._version(ref.name, ref.version)  # ModelNotFoundError when it was deleted since
+            return ref
+        return self.get(ref)
 
     # -- aliases ----------------------------------------------------------------------------------
     def _alias_names(self, name: str) -> list[str]:
@@ -442,8 +444,8 @@ class Registry:
         tags = _json_dict(tags, "tags")
         extra_lineage = _json_dict(lineage, "lineage")
         loader_path = self._loader_path(loader)
-        with _local_source(source) as (directory, auto_lineage, auto_metrics, link):
-            files = _walk(directory)
+        with local_source(source) as (directory, auto_lineage, auto_metrics, link):
+            files = walk(directory)
             class_name = self._model_class(model_cls, directory, files)
             if class_name is None and loader_path is None and "model.json" in files:
                 with contextlib.suppress(Exception):
@@ -542,8 +544,8 @@ class Registry:
         return mv
 
     def _hash_and_stage(self, files: dict[str, str], staged: dict[str, str], link: bool) -> dict[str, str]:
-        """The sha256 of each file, each hashed while a copy (a hard link when ``link``) is made beside
-        the blobs (``staged``: sha -> that copy)."""
+        """The sha256 of each file, each hashed while it is placed beside the blobs (``staged``: sha ->
+        that copy, or link: see :func:`~trainforge.registry._source.place`)."""
         if not files:
             return {}
         tmp_dir = self._b.local_path("blobs/sha256")
@@ -552,11 +554,7 @@ class Registry:
         tmps = {rel: os.path.join(tmp_dir, f".tmp-{uuid.uuid4().hex[:12]}") for rel in files}
 
         def stage(rel: str) -> None:
-            if link:
-                with contextlib.suppress(OSError):
-                    os.link(files[rel], tmps[rel])
-                    return
-            shutil.copyfile(files[rel], tmps[rel])
+            place(files[rel], tmps[rel], link=link)
 
         with _pool(2 * len(files)) as pool:
             copies = {rel: pool.submit(stage, rel) for rel in files}
@@ -577,8 +575,8 @@ class Registry:
 
     def _put_blobs(self, blobs: dict[str, str], progress: Progress | None, staged: dict[str, str],
                    link: bool) -> None:  # fmt: skip
-        """Store each ``{sha: local file}``: a staged copy is renamed into place; others are copied
-        (linked when ``link``) or uploaded."""
+        """Store each ``{sha: local file}``: a staged copy is renamed into place; others are placed
+        (:func:`~trainforge.registry._source.place`) or uploaded."""
         if not blobs:
             return
         total = sum(os.path.getsize(p) for p in blobs.values())
@@ -588,21 +586,15 @@ class Registry:
             sha, path = item
             size = os.path.getsize(path)
             target = self._b.local_path(_blob(sha))
-            tmp = staged.pop(sha, None)
-            if target is not None and (tmp is not None or link):
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                if tmp is None:
-                    tmp = os.path.join(os.path.dirname(target), f".tmp-{uuid.uuid4().hex[:12]}")
-                    try:
-                        os.link(path, tmp)
-                    except OSError:
-                        self._b.put_local(path, _blob(sha))
-                        return size
-                if os.stat(tmp).st_nlink == 1:  # a copy of its own: make it read-only (not a user's linked file)
-                    os.chmod(tmp, 0o444)
-                os.replace(tmp, target)
+            if target is None:
+                self._b.put_local(path, _blob(sha))
                 return size
-            self._b.put_local(path, _blob(sha))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            tmp = staged.pop(sha, None)
+            if tmp is None:
+                tmp = os.path.join(os.path.dirname(target), f".tmp-{uuid.uuid4().hex[:12]}")
+                place(path, tmp, link=link)
+            os.replace(tmp, target)
             return size
 
         with _pool(len(blobs)) as pool:
@@ -689,7 +681,7 @@ class Registry:
         for name in self.model_names():
             for n in self._numbers(name)[0]:
                 try:
-                    refs.update(f["sha256"] for f in self._manifest(name, n)["files"].values())
+                    refs.update(f["sha256"] for f in self._manifest(name, n, listed=True)["files"].values())
                 except FileNotFoundError:  # deleted meanwhile
                     continue
         return refs
@@ -724,7 +716,7 @@ class Registry:
         Files already there with the right checksum are kept, so a repeat (or an interrupted) pull
         copies only what is missing. Returns ``dest``; without one, the version's read-only copy in
         the local cache (:meth:`local_dir`)."""
-        mv = ref if isinstance(ref, ModelVersion) else self.get(ref)
+        mv = self._live(ref)
         if dest is None:
             return self.local_dir(mv)
         dest = os.path.abspath(os.fspath(dest))
@@ -751,7 +743,7 @@ class Registry:
         """A local directory with the version's files, pulled (and verified) once into the cache
         (``$TRAINFORGE_REGISTRY_CACHE``, else ``~/.cache/trainforge/registry``) and reused after.
         Do not modify it. A local registry's files are hard-linked there, not copied."""
-        mv = ref if isinstance(ref, ModelVersion) else self.get(ref)
+        mv = self._live(ref)
         key = hashlib.sha256(self.url.encode()).hexdigest()[:16]
         final = os.path.join(cache_dir(), key, mv.name, str(mv.version))
         if os.path.isdir(final):
@@ -808,7 +800,7 @@ class Registry:
         """The model object of a version, ready for ``model(x)``: its ``loader(directory)``, or its
         ``trainforge.model.Model`` rebuilt with its weights (on the CPU, in eval mode). Loading
         unpickles its files: load only models you trust."""
-        mv = ref if isinstance(ref, ModelVersion) else self.get(ref)
+        mv = self._live(ref)
         directory = self.local_dir(mv)
         if mv.loader:
             try:
@@ -920,69 +912,6 @@ class Registry:
 def _pool(n: int) -> Iterator[ThreadPoolExecutor]:
     with ThreadPoolExecutor(max_workers=max(1, min(8, n, 2 * (os.cpu_count() or 1)))) as pool:
         yield pool
-
-
-def _walk(directory: str) -> dict[str, str]:
-    """``{relative path (/-separated): absolute path}`` of every file under ``directory``."""
-    out: dict[str, str] = {}
-    for dirpath, _, names in os.walk(directory):
-        for n in names:
-            full = os.path.join(dirpath, n)
-            out[os.path.relpath(full, directory).replace(os.sep, "/")] = full
-    if not out:
-        raise ValueError(f"{directory} holds no files: nothing to register")
-    return out
-
-
-@contextlib.contextmanager
-def _local_source(source: Any) -> Iterator[tuple[str, dict[str, Any], dict[str, Any], bool]]:
-    """(a local directory with the files, lineage, metrics, whether its files may be hard-linked) of a
-    Result, Checkpoint or directory. A checkpoint's files are never modified once it is committed, so
-    a local registry links them instead of copying; a directory's files are copied (its owner may
-    rewrite them)."""
-    from trainforge._internal.checkpoint import Checkpoint
-    from trainforge._internal.result import Result
-    from trainforge._internal.retry import display_url
-
-    lineage: dict[str, Any] = {}
-    metrics: dict[str, Any] = {}
-    if isinstance(source, Result):
-        if source.checkpoint is None:
-            raise ValueError(
-                f"the Result of {source.path} has no checkpoint: report one with trainforge.report(metrics, "
-                "checkpoint=...) in the train loop, or register a directory"
-            )
-        lineage["run_path"] = display_url(source.filesystem, source.path)
-        config = getattr(source, "config", None)
-        if isinstance(config, dict) and config:
-            with contextlib.suppress(TypeError, ValueError):
-                lineage["trial_config"] = json.loads(json.dumps(config, default=str))
-        metrics = _scalar_metrics(source.metrics)
-        source = source.checkpoint
-    if isinstance(source, Checkpoint):
-        lineage["checkpoint_path"] = display_url(source.filesystem, source.path) if not source.is_local else source.path
-        with source.as_directory() as d:
-            yield d, lineage, metrics, True
-        return
-    if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        if is_model_uri(path):
-            raise ValueError(f"source={path!r} is a registered model: copy versions between registries with "
-                             "Registry.push / pull_from")  # fmt: skip
-        if "://" in path and not path.startswith("file://"):
-            from trainforge._internal.storage import resolve_filesystem
-
-            fs, inner = resolve_filesystem(path)
-            with _local_source(Checkpoint(inner, fs)) as out:
-                yield out
-            return
-        path = path.removeprefix("file://")
-        if not os.path.isdir(path):
-            raise ValueError(f"source={path!r}: no such directory; give a Result, a Checkpoint or a directory of files")
-        lineage["checkpoint_path"] = os.path.abspath(path)
-        yield os.path.abspath(path), lineage, metrics, False
-        return
-    raise TypeError(f"source={source!r}: give a trainforge Result, a Checkpoint or a directory")
 
 
 def load_model(uri: str, registry: str | Registry | None = None) -> Any:

@@ -1,5 +1,19 @@
 """What the registry returns: ``ModelVersion`` (one immutable version), ``RegisteredModel`` (a name, its
-latest version and aliases), ``AliasMove`` (one entry of an alias's history), and its errors."""
+latest version and aliases), ``AliasMove`` (one entry of an alias's history), and its errors.
+
+The registry's errors, one tree (``except RegistryError`` catches each; the second base, when there is
+one, lets code that catches the builtin go on working)::
+
+    RegistryError
+    ├── ModelNotFoundError (KeyError)    no such model, version or alias (a deleted version included)
+    ├── ConflictError                    a change refused: it would break what the registry promises
+    │   └── AliasedVersionError          deleting a version that aliases point at
+    ├── IntegrityError (OSError)         a stored file does not match its checksum
+    └── SymlinkError (ValueError)        a source to register holds a symbolic link
+
+Arguments of the wrong type or value raise ``TypeError`` / ``ValueError`` as everywhere in trainforge;
+storage that fails raises ``trainforge``'s ``StorageError`` (remote) or ``OSError`` (local disk).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +29,13 @@ class RegistryError(Exception):
     """Base of the registry's own errors."""
 
 
+class ModelNotFoundError(RegistryError, KeyError):
+    """No such model, version or alias (a ``KeyError`` too; its message says what exists)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class ConflictError(RegistryError):
     """The registry refused a change that would break what it promises (e.g. a version's number is
     taken by another writer too many times in a row)."""
@@ -26,6 +47,12 @@ class AliasedVersionError(ConflictError):
 
 class IntegrityError(RegistryError, OSError):
     """A stored file does not match its checksum (a corrupted or truncated blob)."""
+
+
+class SymlinkError(RegistryError, ValueError):
+    """A source to register holds a symbolic link (to a file or a directory, inside the source or out):
+    the registry stores regular files only and never follows a link; the message names the link and
+    where it points."""
 
 
 @dataclasses.dataclass(frozen=True)
