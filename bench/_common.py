@@ -264,6 +264,12 @@ def median(values: Iterable[float | None]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The nearest-rank ``q``-th percentile (0 < q <= 100) of ``values``; None if there are none."""
+    s = sorted(values)
+    return s[max(0, -(-int(q * len(s)) // 100) - 1)] if s else None
+
+
 def fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
@@ -365,13 +371,20 @@ class HttpConn:
         self.writer: Any = None
 
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+                f"{self.auth}Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        return await self._exchange(head + body)
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        return await self._exchange(f"GET {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{self.auth}\r\n".encode())
+
+    async def _exchange(self, request: bytes) -> tuple[int, bytes]:
+        """Send ``request`` and read the response (its body by Content-Length): (status, body)."""
         import asyncio
 
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                f"{self.auth}Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
-        self.writer.write(head + body)
+        self.writer.write(request)
         status_line = await self.reader.readline()
         length = 0
         while True:

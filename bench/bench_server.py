@@ -2,7 +2,7 @@
 """Train server benchmark: how fast the train server (``trainforge server start``) starts, queues,
 schedules and recovers jobs, against a local ``fit()`` of the same job and against Ray Jobs.
 
-    python bench/bench_server.py [--repeats 3] [--markdown] [--parts submit,handoff,burst,decide,restart]
+    python bench/bench_server.py [--repeats 3] [--markdown] [--parts submit,handoff,burst,decide,restart,load]
 
 1. submit -> rank-0 first step: a 2-worker ``DataParallelTrainer`` (CPU, local executor, a loop that
    reports ``{"step", "t": time.time()}`` every step), from a fresh driver process each time:
@@ -27,6 +27,10 @@ schedules and recovers jobs, against a local ``fit()`` of the same job and again
    RUNNING with the same runner pid and still reporting; then all stopped and no process of theirs left.
    Goal <= 2 s.
 6. idle server RSS (psutil) after start, and with the 10,000 queued jobs of part 4. Goal <= 100 MB.
+7. under load (``--parts load``, see ``_server_load.py``): 20, then 200 concurrent clients of ``GET /api/v1/jobs``
+   (200 jobs in the store) beside 20 live ``GET /api/v1/events`` streams, from a separate process: p50/p95,
+   errors, requests/s, and the server's RSS, open files, threads and SQLite connections before, at peak and
+   after. Goals: 0 errors, p95 at 20 clients <= 100 ms, threads and SQLite connections bounded.
 
 Everything lives in temporary directories; every server, job process and Ray process the benchmark
 started is killed at the end (Ray's by the benchmark's own marker in their environment or their
@@ -70,9 +74,10 @@ from _common import (
     wait_for_idle,
     write_json,
 )
+from _server_load import GOAL_LOAD_P95_MS, load_diagnostics, load_rows, run_level, seed_jobs
 
 DEFAULT_JSON = os.path.join(BENCH_DIR, "results", "server.json")
-PARTS = ("submit", "handoff", "burst", "decide", "restart")
+PARTS = ("submit", "handoff", "burst", "decide", "restart", "load")
 
 GOAL_SUBMIT_EXTRA_S = 0.5  # server submit -> first step, at most local fit() + this
 GOAL_WARM_FRACTION = 0.5  # with the warm pool, "well under a cold fit()": at most this fraction of it
@@ -952,6 +957,34 @@ def part_restart(args: argparse.Namespace, work: str, env: dict[str, str], serve
 # --------------------------------------------------------------------------------------------------
 # Orchestrator.
 # --------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# Part 7: under load (the load client and the sampling are in _server_load.py).
+# --------------------------------------------------------------------------------------------------
+def part_load(args: argparse.Namespace, work: str, env: dict[str, str], servers: list[Server]) -> dict:
+    state = os.path.join(work, "server-load")
+    script = os.path.join(work, "sleep_job.py")
+    seed_jobs(state, args.load_jobs, script)
+    srv = Server(state, "CPU=2", env)
+    servers.append(srv)
+    srv.start()
+    assert srv.proc is not None and srv.url is not None
+    res: dict[str, Any] = {"jobs": args.load_jobs, "levels": []}
+    with srv.http() as http:
+        http.get("/jobs").raise_for_status()  # the first request (lazy imports) off the clock
+
+        def submit(i: int) -> None:
+            http.post("/jobs", json={"kind": "script", "path": script, "hold": True, "name": f"load-probe-{i}",
+                                     "per_worker": {"CPU": 1}}).raise_for_status()  # fmt: skip
+
+        for clients in (int(x) for x in args.load_clients.split(",")):
+            print(f"  load: {clients} clients, {args.load_followers} followers ...", file=sys.stderr, flush=True)
+            res["levels"].append(run_level(srv.url, state, srv.proc.pid, clients, args.load_followers,
+                                           args.load_duration, submit))  # fmt: skip
+    srv.stop()
+    res["leftover_job_processes"] = srv.cleanup()
+    return res
+
+
 def _f(v: float | None, spec: str, suffix: str = "") -> str:
     return "-" if v is None or v != v else format(v, spec) + suffix
 
@@ -1029,6 +1062,8 @@ def table(data: dict) -> tuple[list[str], list[list[str]]]:
     if d and "rss_with_queue_mb" in d:
         rows.append([f"  RSS with {d['direct']['queued']:,} queued jobs (MB)", _f(d["rss_with_queue_mb"], ".0f"), "-",
                      "(informational)", "-"])  # fmt: skip
+    if data.get("load"):
+        rows += load_rows(data["load"], status)
     return header, rows
 
 
@@ -1089,6 +1124,8 @@ def diagnostics(data: dict) -> list[str]:
     if r:
         out.append(f"restart: {r.get('recovered_line')}; reports grew after the restart in "
                    f"{r['reports_grew_after_restart']}/3 jobs; stop states {r['stop_states']}")  # fmt: skip
+    if data.get("load"):
+        out += load_diagnostics(data["load"])
     left = {k: v.get("leftover_job_processes") for k, v in data.items() if isinstance(v, dict) and v.get("leftover_job_processes")}
     if left:
         out.append(f"job processes left behind and killed by the benchmark: {left}")
@@ -1107,6 +1144,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decide-calls", type=int, default=20, help="decide() calls timed in part 4")
     p.add_argument("--decide-submits", type=int, default=5, help="submissions to the server with the big queue")
     p.add_argument("--restart-job-s", type=float, default=30.0, help="how long part 5's jobs would run")
+    p.add_argument("--load-jobs", type=int, default=200, help="jobs in the store of part 7's server")
+    p.add_argument("--load-clients", default="20,200", help="concurrent GET /jobs clients of part 7, one run each")
+    p.add_argument("--load-followers", type=int, default=20, help="live GET /events streams during each run of part 7")
+    p.add_argument("--load-duration", type=float, default=10.0, help="seconds measured per run of part 7")
     p.add_argument("--no-ray", dest="ray", action="store_false", help="skip Ray Jobs")
     p.add_argument("--ray-pythonpath", default=os.environ.get("TRAINFORGE_BENCH_RAY_PYTHONPATH"),
                    help="extra PYTHONPATH for the Ray processes (e.g. a dir holding ray[default]'s dashboard packages)")  # fmt: skip
@@ -1150,6 +1191,7 @@ def main(argv: list[str] | None = None) -> int:
         "burst": lambda: part_burst(args, work, env, servers),
         "decide": lambda: part_decide(args, work, env, servers),
         "restart": lambda: part_restart(args, work, env, servers),
+        "load": lambda: part_load(args, work, env, servers),
     }
     part_s: dict[str, float] = {}
     data["settings"] = {k: v for k, v in vars(args).items() if k not in ("variant", "out", "workdir", "url")}
@@ -1197,7 +1239,8 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.json_out, {
         "benchmark": "server", "date": date, "git_commit": commit, "machine": info,
         "goals": {"submit_extra_s": GOAL_SUBMIT_EXTRA_S, "handoff_ms": GOAL_HANDOFF_MS, "submit_rate": GOAL_SUBMIT_RATE,
-                  "decide_ms": GOAL_DECIDE_MS, "restart_s": GOAL_RESTART_S, "idle_rss_mb": GOAL_IDLE_RSS_MB},
+                  "decide_ms": GOAL_DECIDE_MS, "restart_s": GOAL_RESTART_S, "idle_rss_mb": GOAL_IDLE_RSS_MB,
+                  "load_p95_ms": GOAL_LOAD_P95_MS},
         "table": {"header": header, "rows": rows}, "diagnostics": diag, "part_s": part_s,
         "cpu_busy_percent": busy, "loadavg": [load0, load1], "leftovers_killed": leftovers, "errors": errors,
         **data,

@@ -131,6 +131,39 @@ def test_a_report_reaches_its_chart_and_stop_from_the_page_ends_every_process(tr
     assert job.status().state == "STOPPED"
 
 
+def test_a_jobs_attempts_are_charted_apart_and_labelled(train_server, page, tmp_path):
+    """The job's events file as a requeued job leaves it (attempt 2 repeats steps 0-2), then a third
+    attempt arriving live: each chart breaks at each new attempt and labels it."""
+    import json
+
+    script = tmp_path / "noop.py"
+    script.write_text("print('never runs: held')\n")
+    job = train_server.client().submit({"kind": "script", "path": str(script), "hold": True})
+    events = os.path.join(train_server.state_dir, "jobs", str(job.id), "events.jsonl")
+
+    def attempt(n: int) -> str:
+        return "".join(json.dumps(e) + "\n" for e in [{"type": "run_start", "name": "r", "job_attempt": n, "t": 1.0}] + [
+            {"type": "report", "index": i, "attempt": 0, "t": 1.0 + i, "metrics": {"loss": 1 / (i + 1)}}
+            for i in range(3)])  # fmt: skip
+
+    with open(events, "w") as f:
+        f.write(attempt(1) + attempt(2))
+    page.goto(_dashboard_url(train_server))
+    page.goto(f"{train_server.url}/jobs/{job.id}")
+    chart = page.locator('.chart[data-group="loss"]')
+    page.wait_for_function("() => document.querySelector('.chart[data-group=\"loss\"]')?.dataset.segments === 'attempt 2'",
+                           timeout=30_000)  # fmt: skip
+    with open(events, "a") as f:  # the job's next attempt, followed live
+        f.write(attempt(3))
+    page.wait_for_function(
+        "() => document.querySelector('.chart[data-group=\"loss\"]').dataset.segments === 'attempt 2|attempt 3'",
+        timeout=30_000,
+    )
+    assert chart.locator(".last").inner_text() == "loss: 0.33333"
+    _shot(page, tmp_path, "job-attempts")
+    job.stop()
+
+
 def test_a_failed_job_shows_the_failing_ranks_traceback(train_server, page, tmp_path):
     job = _trainer(tmp_path, "broken", _fails_on_rank_1).submit()
     assert job.wait(timeout=120).state == "FAILED"

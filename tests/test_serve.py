@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from modelutil import affine_model
 
 from trainforge.serve import ModelServer, ServeConfig
@@ -82,6 +84,12 @@ def _engine(source: ModelSource, **kw: Any) -> ServeEngine:
 async def _post(engine: ServeEngine, inputs: Any) -> tuple[int, dict[str, Any]]:
     status, body = await engine.handle(json.dumps({"inputs": inputs}).encode())
     return status, json.loads(body)
+
+
+def _nested(depth: int) -> bytes:
+    """A predict body whose one instance nests ``depth - 2`` lists (``depth`` levels with the body's
+    object and its "inputs" list)."""
+    return b'{"inputs": [' + b"[" * (depth - 2) + b"1" + b"]" * (depth - 2) + b"]}"
 
 
 # -- configuration ----------------------------------------------------------------------------------
@@ -201,6 +209,10 @@ def test_one_bad_instance_fails_only_its_own_request():
         (b'{"inputs": {"a": 1}}', 422, '"inputs" is a JSON object'),
         (b'{"inputs": []}', 422, "empty"),
         (b'{"inputs": ["x"]}', 422, "TypeError"),  # the model raises on a string
+        (_nested(3000), 400, "deeper than 100 levels"),  # past what json.loads can decode
+        (_nested(150), 400, "deeper than 100 levels"),  # decodes, but no walk of it should have to recurse so far
+        (b'{"inputs": ["' + b"[" * 3000 + b'"]}', 422, "TypeError"),  # brackets in a string are text
+        (_nested(100), 422, "TypeError"),  # at the limit: the model gets it (and raises on a list)
     ],
 )
 def test_bad_bodies_get_4xx_with_the_reason(body, status, reason):
@@ -214,6 +226,30 @@ def test_bad_bodies_get_4xx_with_the_reason(body, status, reason):
 
     got, out = asyncio.run(main())
     assert got == status and reason in json.loads(out)["detail"]
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab,:'),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(alphabet='[]{}"\\a'), inner, max_size=3),
+    max_leaves=30,
+)
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    return 0
+
+
+@given(_json_values, st.integers(0, 8), st.booleans())
+def test_the_depth_of_a_body_is_measured_as_decoding_it_would(value, limit, ascii_only):
+    """Brackets inside strings (escaped quotes and backslashes included) are text, not levels."""
+    from trainforge._internal.json_depth import body_too_deep, value_too_deep
+
+    body = json.dumps(value, ensure_ascii=ascii_only).encode()
+    assert body_too_deep(body, limit) == value_too_deep(value, limit) == (_depth(value) > limit)
 
 
 def test_outputs_become_json():
@@ -360,7 +396,7 @@ def test_http_predict_model_stats_health_and_limits():
             r = c.post("/v1/predict", json={"inputs": [1, 2]})
             assert r.status_code == 200
             assert r.json() == {"outputs": [2, 4], "model": {"name": "digits", "version": 3, "uri": "models:/digits/3"}}
-            r = c.post("/v1/predict", content=b"{")
+            r = c.post("/v1/predict", content=b"{", headers={"Content-Type": "application/json"})
             assert r.status_code == 400 and "not JSON" in r.json()["detail"]
             r = c.post("/v1/predict", json={"inputs": [0] * 1000})
             assert r.status_code == 413 and "2000 bytes" in r.json()["detail"]
@@ -379,6 +415,17 @@ def test_http_predict_model_stats_health_and_limits():
             assert c.get("/v1/openapi.json").json()["paths"]["/v1/predict"]["post"]["responses"]["413"]
 
 
+def test_http_a_deeply_nested_body_is_a_400_counted_in_the_stats():
+    with ModelServer(ServeConfig(port=0), source=StaticSource(Scale(2))) as server, \
+            httpx.Client(base_url=server.url) as c:  # fmt: skip
+        for depth in (3000, 150):
+            r = c.post("/v1/predict", content=_nested(depth), headers={"Content-Type": "application/json"})
+            assert r.status_code == 400 and "deeper than 100 levels" in r.json()["detail"], r.text
+        assert c.post("/v1/predict", json={"inputs": [1]}).json()["outputs"] == [2]  # and it goes on serving
+        stats = c.get("/v1/stats").json()
+        assert stats["requests"] == 3 and stats["errors"] == {"400": 2} and stats["ok"] == 1
+
+
 def test_http_token():
     config = ServeConfig(port=0, token=TOKEN)
     with ModelServer(config, source=StaticSource(Scale(1))) as server, httpx.Client(base_url=server.url) as c:
@@ -389,6 +436,39 @@ def test_http_token():
         r = c.post("/v1/predict", json={"inputs": [1]}, headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.status_code == 200 and r.json()["outputs"] == [1]
         assert c.get("/healthz").status_code == 200  # probes need no token
+
+
+def test_http_posts_are_json_from_no_other_origin():
+    """The train server's guard: a CORS-simple POST (text/plain, a form) or one from another origin
+    (another port of this host included) never reaches the model."""
+    with ModelServer(ServeConfig(port=0), source=StaticSource(Scale(1))) as server, \
+            httpx.Client(base_url=server.url) as c:  # fmt: skip
+        for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+            r = c.post("/v1/predict", content=b'{"inputs": [1]}', headers={"Content-Type": content_type})
+            assert r.status_code == 415 and "application/json" in r.json()["detail"], r.text
+        r = c.post("/v1/predict", json={"inputs": [1]}, headers={"Origin": "http://127.0.0.1:9999"})
+        assert r.status_code == 403 and "127.0.0.1:9999" in r.json()["detail"]
+        r = c.post("/v1/predict", json={"inputs": [1]}, headers={"Origin": server.url})
+        assert r.status_code == 200 and r.json()["outputs"] == [1]
+        assert c.get("/v1/stats").json()["requests"] == 1  # the refused ones never reached the engine
+
+
+def test_cli_takes_the_token_from_a_file_or_the_environment_never_argv(tmp_path, capsys, monkeypatch):
+    from trainforge._internal.cli import main
+    from trainforge.serve._config import ENV_SERVE_TOKEN
+
+    assert main(["serve", "models:/m@prod", "--token", TOKEN, "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--token is not taken" in err and "ps" in err and "--token-file" in err and TOKEN not in err
+    assert main(["serve", "models:/m@prod", "--host", "0.0.0.0", "--token-file", str(tmp_path / "none")]) == 2
+    assert "cannot read --token-file" in capsys.readouterr().err
+    # From the environment: a non-loopback host is accepted (the config got the token), then the
+    # missing model is what stops it.
+    monkeypatch.setenv(ENV_SERVE_TOKEN, TOKEN)
+    assert main(["serve", "models:/m@prod", "--host", "0.0.0.0", "--port", "0",
+                 "--registry", str(tmp_path / "empty")]) == 1  # fmt: skip
+    err = capsys.readouterr().err
+    assert "not a loopback address" not in err and "cannot serve models:/m@prod" in err
 
 
 def test_http_alias_move_under_load_loses_no_request():
@@ -495,6 +575,23 @@ def test_registry_pinned_version_and_unknown_model(registry):
         assert httpx.get(f"{server.url}/v1/model").json()["follows"] is False
     with pytest.raises(RuntimeError, match="cannot load models:/nope@prod"):
         ModelServer(ServeConfig(model="models:/nope@prod", registry=registry.uri, port=0)).start()
+
+
+def test_a_served_version_deleted_elsewhere_answers_404_at_the_next_poll(registry):
+    """A fixed version is watched too: deleted by another process's Registry, it is not found here
+    either (404 naming it, counted), within one poll; the model in memory is not served on."""
+    from trainforge.registry import Registry
+
+    gone = threading.Event()
+    config = ServeConfig(model="models:/affine/2", registry=registry.uri, port=0, poll_s=0.05)
+    with ModelServer(config, on_event=lambda line: gone.set() if "gone" in line else None) as server:
+        assert httpx.post(f"{server.url}/v1/predict", json={"inputs": [[1, 2]]}).status_code == 200
+        Registry(registry.uri).delete_version("affine", 2)  # another Registry object: its own caches
+        assert gone.wait(10), "the engine never noticed the deletion"
+        r = httpx.post(f"{server.url}/v1/predict", json={"inputs": [[1, 2]]})
+        assert r.status_code == 404 and "models:/affine/2" in r.json()["detail"], r.text
+        stats = httpx.get(f"{server.url}/v1/stats").json()
+        assert stats["errors"] == {"404": 1} and "no longer in the registry" in stats["gone"]
 
 
 @pytest.mark.slow

@@ -15,9 +15,11 @@ QUEUED with no grant, so no job could ever wait for resources ("needs N CPU, M f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
+import threading
 import time
 from typing import Any
 from urllib.parse import urlencode
@@ -40,7 +42,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 )
 
 from trainforge.server import _store as store  # noqa: E402
-from trainforge.server._app import make_app  # noqa: E402
+from trainforge.server._app import cookie_name, make_app  # noqa: E402
 from trainforge.server._config import ServerConfig, parse_resources  # noqa: E402
 from trainforge.server._runner import EVENTS_FILE, OUTPUT_FILE  # noqa: E402
 from trainforge.server._service import JobService  # noqa: E402
@@ -100,6 +102,9 @@ class Api:
         return self.request("GET", path, **kwargs)
 
     def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        """A POST as the JSON clients send it: no body is ``{}`` (state changes are JSON only)."""
+        if "json" not in kwargs and "content" not in kwargs:
+            kwargs["json"] = {}
         return self.request("POST", path, **kwargs)
 
     def patch(self, path: str, **kwargs: Any) -> httpx.Response:
@@ -370,14 +375,39 @@ def test_wrong_token_is_401(api, authorization):
     assert r.status_code == 401, r.text
 
 
-def test_token_in_cookie_is_accepted(api):
-    r = api.get(f"{P}/health", auth=False, headers={"Cookie": f"theme=dark; trainforge_token={TOKEN}"})
+def test_token_in_the_servers_own_cookie_is_accepted(api, make_api):
+    name = cookie_name(api.service.server_id)
+    r = api.get(f"{P}/health", auth=False, headers={"Cookie": f"theme=dark; {name}={TOKEN}"})
     assert r.status_code == 200, r.text
-    assert r.json()["status"] == "ok"
-    wrong = api.get(f"{P}/health", auth=False, headers={"Cookie": f"trainforge_token={TOKEN}0"})
+    wrong = api.get(f"{P}/health", auth=False, headers={"Cookie": f"{name}={TOKEN}0"})
     assert wrong.status_code == 401
-    lookalike = api.get(f"{P}/health", auth=False, headers={"Cookie": f"x_trainforge_token={TOKEN}"})
-    assert lookalike.status_code == 401
+    for other in ("trainforge_token", f"x_{name}"):  # the old shared name, a lookalike
+        assert api.get(f"{P}/health", auth=False, headers={"Cookie": f"{other}={TOKEN}"}).status_code == 401
+    # Two servers on one host (cookies ignore the port) keep apart cookies.
+    assert cookie_name(make_api({"CPU": 1.0}).service.server_id) != name
+
+
+def test_the_dashboard_entry_redirects_only_to_a_path_here_keeping_the_query(api):
+    async def entry(target: str) -> tuple[int, dict[str, str]]:
+        path, _, query = target.partition("?")
+        scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(),
+                 "query_string": query.encode(), "headers": [(b"host", HOST.encode())]}  # fmt: skip
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await api.app(scope, receive, send)
+        return sent[0]["status"], {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+
+    status, headers = asyncio.run(entry(f"//evil.example/x?token={TOKEN}"))
+    assert status == 303 and headers["location"] == "/evil.example/x"  # a path here, not //evil.example
+    status, headers = asyncio.run(entry(f"/compare?name=a&group=lr&token={TOKEN}"))
+    assert status == 303 and headers["location"] == "/compare?name=a&group=lr"
+    assert headers["set-cookie"].startswith(f"{cookie_name(api.service.server_id)}={TOKEN};")
 
 
 @pytest.mark.parametrize("host", ["evil.example:8270", "evil.example", "127.0.0.1.evil.example", ""])
@@ -399,8 +429,8 @@ def test_cross_origin_post_is_403_and_cross_origin_get_passes(api):
     assert r.status_code == 403, r.text
     assert "evil.example" in r.json()["detail"]
     assert api.get(f"{P}/jobs/{job['id']}").json()["state"] == "HELD"  # nothing happened
-    for origin in ("http://127.0.0.1.evil.example", "null"):
-        assert api.post(stop, headers={"Origin": origin}).status_code == 403
+    for origin in ("http://127.0.0.1.evil.example", "null", "http://127.0.0.1:8270", "https://127.0.0.1"):
+        assert api.post(stop, headers={"Origin": origin}).status_code == 403, origin
     assert (
         api.patch(
             f"{P}/jobs/{job['id']}", json={"priority": 1}, headers={"Origin": "http://evil.example"}
@@ -409,7 +439,30 @@ def test_cross_origin_post_is_403_and_cross_origin_get_passes(api):
     )
     get = api.get(f"{P}/jobs/{job['id']}", headers={"Origin": "http://evil.example"})
     assert get.status_code == 200 and get.json()["state"] == "HELD"
-    own = api.post(stop, headers={"Origin": "http://127.0.0.1:8270"})
+    own = api.post(stop, headers={"Origin": BASE})  # the whole origin the client reached: http://127.0.0.1
+    assert own.status_code == 200 and own.json()["state"] == "STOPPED"
+
+
+def test_a_form_post_from_another_port_with_the_cookie_changes_nothing(api):
+    """The reported attack: a page on another port of the same host posts a form (a CORS-simple
+    request, which a browser sends with the SameSite=Strict cookie: same site) to stop, retry and gc."""
+    running = api.submit()["id"]
+    ended = api.submit()["id"]
+    assert api.post(f"{P}/jobs/{ended}/stop").json()["state"] == "STOPPED"
+    cookie = {"Cookie": f"{cookie_name(api.service.server_id)}={TOKEN}"}
+    form = {"Content-Type": "application/x-www-form-urlencoded", **cookie}
+    for path in (f"/jobs/{running}/stop", f"/jobs/{ended}/retry", "/models/gc"):
+        r = api.request("POST", P + path, auth=False, headers={"Origin": "http://127.0.0.1:9999", **form})
+        assert r.status_code == 403, (path, r.text)
+        # Without an Origin (an old browser, a proxy that strips it): the body is not JSON.
+        r = api.request("POST", P + path, auth=False, headers=form, content=b"")
+        assert r.status_code == 415, (path, r.text)
+        r = api.request("POST", P + path, auth=False, headers={"Content-Type": "text/plain", **cookie}, content=b"{}")
+        assert r.status_code == 415, (path, r.text)
+    assert api.get(f"{P}/jobs/{running}").json()["state"] == "RUNNING"
+    assert api.get(f"{P}/jobs/{ended}").json()["state"] == "STOPPED"
+    # The dashboard itself (same origin, JSON) still can.
+    own = api.request("POST", f"{P}/jobs/{running}/stop", auth=False, json={}, headers={"Origin": BASE, **cookie})
     assert own.status_code == 200 and own.json()["state"] == "STOPPED"
 
 
@@ -574,8 +627,8 @@ def test_elastic_job_fits_by_its_minimum(api):
     [
         ("GET", "", None),
         ("PATCH", "", {"priority": 1}),
-        ("POST", "/stop", None),
-        ("POST", "/retry", None),
+        ("POST", "/stop", {}),
+        ("POST", "/retry", {}),
         ("DELETE", "", None),
         ("GET", "/logs", None),
         ("GET", "/result", None),
@@ -651,6 +704,26 @@ def test_config_is_kept_and_returned_and_retry_from_a_checkpoint_is_checked(api,
     assert api.post(f"{P}/jobs/{jid}/retry", json={"bogus": 1}).status_code == 422
 
 
+@pytest.mark.parametrize("value", [0, 1, -1, 2**70, 1.5, 1.0, 0.0, True, False, "0", "1", "true", "", None])
+def test_config_values_keep_their_json_type(api, value):
+    """A config value comes back as the JSON type it was sent as: 0 is not False, "0" is not 0."""
+    job = api.submit(hold=True, config={"v": value})
+    for got in (job["job"]["config"]["v"], api.get(f"{P}/jobs/{job['id']}").json()["config"]["v"]):
+        assert type(got) is type(value) and got == value, (value, got)
+
+
+def test_a_deeply_nested_body_is_a_4xx_naming_the_problem(api):
+    """Python's JSON decoder gives up past ~1000 levels (RecursionError): a 400 that says why."""
+    jid = api.submit(hold=True)["id"]
+    deep = b"[" * 3000 + b"]" * 3000
+    for method, path, body in [("POST", "/jobs", b'{"kind": "script", "path": "a.py", "args": ' + deep + b"}"),
+                               ("POST", "/jobs", deep), ("PATCH", f"/jobs/{jid}", b'{"priority": ' + deep + b"}"),
+                               ("POST", f"/jobs/{jid}/retry", b'{"checkpoint": ' + deep + b"}")]:  # fmt: skip
+        r = api.request(method, P + path, content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and "deeper than 100 levels" in r.json()["detail"], (path, r.status_code, r.text)
+    assert api.service.store.count() == 1 and api.get(f"{P}/jobs/{jid}").json()["priority"] == 0
+
+
 def test_series_range_and_its_errors(api):
     jid = api.submit(hold=True)["id"]
     with open(os.path.join(api.service.job_dir(jid), "events.jsonl"), "w") as f:
@@ -663,6 +736,24 @@ def test_series_range_and_its_errors(api):
     assert part["series"]["x"]["t"][-1] == 509.0 and (part["start"], part["end"]) == (500, 509)
     bad = api.get(f"{P}/jobs/{jid}/series", params={"start": 10, "end": 5})
     assert bad.status_code == 422 and "end=5 is before start=10" in _error_text(bad)
+
+
+def test_series_and_metrics_say_which_attempt_each_report_is_of(api):
+    """A runner lost without a checkpoint: the next attempt reports steps 0-4 again. The series cuts
+    its buckets at the attempt and says which one each is of; /metrics says it per report."""
+    jid = api.submit(hold=True)["id"]
+    with open(os.path.join(api.service.job_dir(jid), "events.jsonl"), "w") as f:
+        for attempt in (1, 2):
+            f.write(json.dumps({"type": "run_start", "name": "r", "job_attempt": attempt, "t": 0.0}) + "\n")
+            for step in range(5):
+                f.write(json.dumps({"type": "report", "index": step, "attempt": 0, "t": float(step),
+                                    "metrics": {"step": step}}) + "\n")  # fmt: skip
+    s = api.get(f"{P}/jobs/{jid}/series", params={"points": 3}).json()
+    assert [(g["job_attempt"], g["start"], g["end"]) for g in s["segments"]] == [(1, 0, 4), (2, 5, 9)]
+    step = s["series"]["step"]
+    assert step["segment"] == [0, 0, 1, 1] and step["i"] == [2, 4, 7, 9] and step["last"] == [2, 4, 2, 4]
+    rows = api.get(f"{P}/jobs/{jid}/metrics").json()["reports"]
+    assert [(r["job_attempt"], r["index"]) for r in rows] == [(a, i) for a in (1, 2) for i in range(5)]
 
 
 def test_patch_of_a_waiting_job(api):
@@ -687,19 +778,18 @@ def test_delete_of_an_ended_job(api):
 
 
 def test_submission_id_makes_submit_idempotent(api):
-    first = api.post(
-        f"{P}/jobs", json={"kind": "script", "path": "a.py", "hold": True, "submission_id": "abc-1"}
-    )
+    spec = {"kind": "script", "path": "a.py", "hold": True, "submission_id": "abc-1"}
+    first = api.post(f"{P}/jobs", json=spec)
     assert first.status_code == 201 and first.json()["created"] is True
-    again = api.post(
-        f"{P}/jobs", json={"kind": "script", "path": "b.py", "priority": 9, "submission_id": "abc-1"}
-    )
-    assert again.json()["created"] is False
+    again = api.post(f"{P}/jobs", json=spec)  # the same submission retried: the job it queued
+    assert again.status_code == 201 and again.json()["created"] is False
     assert again.json()["id"] == first.json()["id"]
-    assert again.json()["job"]["name"] == "a.py" and again.json()["job"]["state"] == "HELD"  # the first one
-    other = api.post(
-        f"{P}/jobs", json={"kind": "script", "path": "a.py", "hold": True, "submission_id": "abc-2"}
-    )
+    assert again.json()["job"]["name"] == "a.py" and again.json()["job"]["state"] == "HELD"
+    # The same key for something else is refused, naming the job it belongs to: never silently the first.
+    reused = api.post(f"{P}/jobs", json={**spec, "path": "b.py", "priority": 9})
+    assert reused.status_code == 409, reused.text
+    assert "abc-1" in reused.json()["detail"] and f"job {first.json()['id']}" in reused.json()["detail"]
+    other = api.post(f"{P}/jobs", json={**spec, "submission_id": "abc-2"})
     assert other.json()["created"] is True and other.json()["id"] != first.json()["id"]
     assert api.service.store.count() == 2
     assert sorted(os.listdir(api.service.jobs_dir)) == sorted(
@@ -924,6 +1014,29 @@ def test_events_stream_follows_new_events(api):
     data = [json.loads(e["data"]) for e in reply.events]
     assert [(d["job_id"], d["type"]) for d in data] == [(first, "submitted"), (made[0], "submitted")]
     assert not reply.complete  # it ended because the client went away
+
+
+def test_streams_read_the_store_off_the_event_loop(api):
+    """The store lends a few reader connections to whichever thread reads: an SSE stream's polls run
+    on the event loop, so they must read in a thread (the loop never waits for a connection that the
+    HTTP threads hold)."""
+    jid = api.submit(hold=True)["id"]
+    assert api.post(f"{P}/jobs/{jid}/stop").status_code == 200  # ended: its streams end by themselves
+    readers = api.service.store.readers
+    lend, borrowers = readers.lend, []
+
+    @contextlib.contextmanager
+    def recording_lend() -> Any:
+        borrowers.append(threading.current_thread())
+        with lend() as conn:
+            yield conn
+
+    readers.lend = recording_lend  # type: ignore[method-assign]
+    for path, query in ((f"{P}/events", {"after": 0}), (f"{P}/jobs/{jid}/stream", None),
+                        (f"{P}/jobs/{jid}/logs/stream", None)):  # fmt: skip
+        reply = read_sse(api.app, path, query=query, max_events=2)  # its event loop runs in this thread
+        assert reply.status == 200 and reply.events, path
+    assert borrowers and threading.current_thread() not in borrowers
 
 
 def test_job_stream_of_an_ended_job_replays_its_events_and_ends(api):

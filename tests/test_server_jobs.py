@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -211,6 +212,101 @@ def test_killed_runner_is_lost_then_requeued_and_resumes_from_its_checkpoint(tra
     assert job.status().state == "SUCCEEDED"
     # The second attempt continued the run from its latest checkpoint (step 2): steps 3.. once more.
     assert list(result.metrics_dataframe["step"]) == list(range(6))
+    assert not train_server.job_processes(job.id)
+
+
+def test_a_job_whose_cwd_does_not_exist_fails_as_a_user_error_naming_it_and_is_not_retried(train_server, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('never runs')\n")
+    missing = str(tmp_path / "gone" / "workdir")
+    job = train_server.client().submit({"kind": "script", "path": str(script), "cwd": missing, "max_retries": 3,
+                                        "per_worker": {"CPU": 1}})  # fmt: skip
+    status = job.wait(timeout=120)
+    assert (status.state, status.failure_class) == ("FAILED", "user_error"), status.raw
+    assert missing in status.error and "No such file or directory" in status.error and "cwd" in status.error
+    assert status.raw["attempt"] == 1 and "lost" not in [e["type"] for e in _events(job)]  # an outcome: no retry
+    assert "never runs" not in "".join(job.logs())
+
+
+@pytest.mark.parametrize(
+    ("files", "failure_class", "words"),
+    [
+        ({}, "infra", "spec.json"),
+        ({"spec.json": "{not json", "grant.json": "{}"}, "infra", "submit the job again"),
+        ({"spec.json": json.dumps({"kind": "script", "path": "a.py"})}, "infra", "grant.json"),
+        ({"spec.json": json.dumps({"kind": "script", "path": "a.py", "cwd": "/nonexistent/dir"}), "grant.json": "{}"},
+         "user_error", "'/nonexistent/dir': No such file or directory"),
+        ({"spec.json": json.dumps({"kind": "script", "path": "a.py", "cwd": "CWD_IS_A_FILE"}), "grant.json": "{}"},
+         "user_error", "Not a directory"),
+    ],
+    ids=["no-spec", "bad-spec", "no-grant", "no-cwd", "cwd-a-file"],
+)
+def test_a_runner_that_cannot_start_the_job_still_writes_its_outcome(tmp_path, files, failure_class, words):
+    """Whatever fails before the job's code runs ends in exit.json (else the server calls the job lost
+    and runs it again, to fail the same way)."""
+    from trainforge.server._runner import main
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text.replace("CWD_IS_A_FILE", str(tmp_path / "spec.json")))
+    assert main(str(tmp_path)) == 1
+    outcome = json.loads((tmp_path / "exit.json").read_text())
+    assert (outcome["status"], outcome["failure_class"]) == ("failed", failure_class)
+    assert words in outcome["error"], outcome["error"]
+
+
+def test_the_state_is_the_owners_alone_whatever_the_umask(tmp_path, monkeypatch):
+    """With umask 0 and a state directory that exists as 0755 (left so), every file the server and
+    its jobs write there is 0600 and every directory 0700: none is readable or writable by others."""
+    from serverutil import ServerProc
+
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, 0o755)
+    umask = os.umask(0)  # inherited by the server, its zygote, runners and workers
+    try:
+        server = ServerProc(str(state)).start()
+    finally:
+        os.umask(umask)
+    try:
+        monkeypatch.setenv("TRAINFORGE_SERVER_DIR", server.state_dir)
+        job = _trainer(tmp_path, "private").submit()
+        job.result(timeout=120)
+        job_dir = state / "jobs" / str(job.id)
+        assert {"spec.json", "grant.json", "trainer.pkl", "events.jsonl", "output.log", "exit.json",
+                "result.pkl"} <= set(os.listdir(job_dir))  # fmt: skip
+        shared = []
+        for root, dirs, files in os.walk(state):
+            for name in dirs + files:
+                mode = os.lstat(os.path.join(root, name)).st_mode
+                if not stat.S_ISLNK(mode) and stat.S_IMODE(mode) & 0o077:
+                    shared.append((os.path.relpath(os.path.join(root, name), state), oct(stat.S_IMODE(mode))))
+        assert shared == [], f"readable or writable by others: {shared}"
+        assert stat.S_IMODE(os.stat(state).st_mode) == 0o755  # the user's own directory is left as it was
+    finally:
+        left = server.cleanup()
+    assert not left, f"job processes left behind: {left}"
+
+
+def test_a_requeued_job_without_a_checkpoint_charts_its_repeated_steps_apart(train_server, tmp_path):
+    """Its runner killed before any checkpoint, the job's next attempt reports steps 0.. again: the
+    series keeps the two attempts in segments of their own, each bucket in one of them."""
+    gate = str(tmp_path / "gate")
+    job = _trainer(tmp_path, "again", _gated_loop, workers=1, steps=5, gate_at=[3], gates=[gate]).submit()
+    _wait_until(lambda: job.status().raw["reports"] >= 3, what="three reports")
+    pid = job.status().raw["pid"]
+    os.kill(pid, signal.SIGKILL)
+    _wait_until(lambda: job.status().raw["attempt"] == 2 and job.status().raw["pid"] not in (None, pid),
+                what="the requeued job's second runner")  # fmt: skip
+    open(gate, "w").close()
+    assert job.wait(timeout=120).state == "SUCCEEDED"
+    series = job.client.request("GET", f"/jobs/{job.id}/series", params={"points": 2})
+    assert [(g["run"], g["start"], g["end"], g["attempt"]) for g in series["segments"]] == [
+        ("again", 0, 2, 0), ("again", 3, 7, 0)]  # fmt: skip
+    assert [g["job_attempt"] for g in series["segments"]] == [1, 2]
+    step = series["series"]["step"]
+    assert step["segment"] == [0, 1, 1] and step["i"] == [2, 5, 7] and step["min"] == [0, 0, 3]
+    rows = job.client.request("GET", f"/jobs/{job.id}/metrics")["reports"]
+    assert [r["index"] for r in rows] == [0, 1, 2, 0, 1, 2, 3, 4]
     assert not train_server.job_processes(job.id)
 
 

@@ -8,6 +8,7 @@ by this process, as a user's ``Registry`` would, and read by the server.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -129,13 +130,13 @@ def test_deleting_an_aliased_version_needs_force_and_gc_frees_what_nothing_uses(
     for i in (1, 2):
         sha = hashlib.sha256(bytes([i]) * 5000).hexdigest()
         assert not os.path.exists(os.path.join(blobs, sha[:2], sha))
-    gc = _ok(http.post("/models/gc"))
+    gc = _ok(http.post("/models/gc", json={}))
     assert set(gc) == {"blobs_removed", "bytes_freed"} and gc["blobs_removed"] >= 0 and gc["bytes_freed"] >= 0
     assert gc == {"blobs_removed": 0, "bytes_freed": 0}
     pulled = registry.pull("deleted/3")  # what version 3 needs is still there, "shared" included
     assert open(os.path.join(pulled, "shared"), "rb").read() == b"same"
     assert open(os.path.join(pulled, "w"), "rb").read() == bytes([3]) * 5000
-    assert _ok(http.post("/models/gc")) == {"blobs_removed": 0, "bytes_freed": 0}  # nothing left to free
+    assert _ok(http.post("/models/gc", json={})) == {"blobs_removed": 0, "bytes_freed": 0}  # nothing left to free
 
 
 @pytest.mark.parametrize(("method", "path", "body"), [
@@ -223,7 +224,7 @@ def test_the_serving_route_predicts_follows_its_alias_and_refuses_bad_input(http
     bad = http.post("/serve/affine@prod/predict", json={"inputs": [[1, 2, 3]]})
     assert bad.status_code == 422 and "shape" in bad.json()["detail"]
     assert http.post("/serve/affine@prod/predict", json={"data": []}).status_code == 422
-    assert http.post("/serve/affine@prod/predict", content=b"{x").status_code == 400
+    assert http.post("/serve/affine@prod/predict", content=b"{x", headers={"Content-Type": "application/json"}).status_code == 400
     assert http.post("/serve/nope@prod/predict", json={"inputs": [[1, 2]]}).status_code == 404
     assert http.post("/serve/affine@gone/predict", json={"inputs": [[1, 2]]}).status_code == 404
     assert http.post("/serve/affine/9/predict", json={"inputs": [[1, 2]]}).status_code == 404
@@ -231,6 +232,60 @@ def test_the_serving_route_predicts_follows_its_alias_and_refuses_bad_input(http
     served = {s["ref"]: s for s in _ok(http.get("/serve"))}
     assert set(served) == {"affine@prod", "affine/2"}
     assert served["affine@prod"]["stats"]["current_version"] == 2 and served["affine@prod"]["stats"]["swaps"] == 1
+
+
+def test_a_version_deleted_by_another_process_is_404_everywhere_at_once(http, registry, tmp_path):
+    for i in (1, 2, 3):
+        registry.register("gone", affine_model(float(i)).save(str(tmp_path / f"v{i}")))
+    assert _ok(http.get("/models/gone/versions/3"))["version"] == 3  # the server has read (and cached) it
+    registry.delete_version("gone", 3)  # this process, not the server
+    assert [v["version"] for v in _ok(http.get("/models/gone/versions"))] == [1, 2]
+    r = http.get("/models/gone/versions/3")
+    assert r.status_code == 404 and "no version 3" in r.json()["detail"], r.text
+    r = http.post("/serve/gone/3/predict", json={"inputs": [[1, 2]]})
+    assert r.status_code == 404, r.text
+    assert "'gone'" in r.json()["detail"] and "no version 3" in r.json()["detail"]
+    r = http.put("/models/gone/aliases/prod", json={"version": 3})
+    assert r.status_code == 404, r.text
+    assert _ok(http.post("/serve/gone/2/predict", json={"inputs": [[1, 2]]}))["outputs"] == [6.0]
+
+
+def test_registering_a_source_with_a_symlink_is_422_naming_it(http, tmp_path):
+    src = _dir(tmp_path, "linked", {"w": b"w"})
+    os.symlink("/etc/passwd", os.path.join(src, "passwd_link"))
+    r = http.post("/models/symlinked/versions", json={"source": src})
+    assert r.status_code == 422, r.text
+    assert "passwd_link" in r.text and "/etc/passwd" in r.text
+    assert http.get("/models/symlinked").status_code == 404
+
+
+def test_deeply_nested_bodies_are_4xx_naming_the_limit_never_a_500(http, registry, tmp_path):
+    """Deeper than 100 levels: the predict body (past what json.loads decodes, or just past the limit)
+    is a 400 counted in the engine's stats; a version's free-form tags or metrics are refused (a
+    version registered with them would make every listing of the model fail)."""
+    registry.register("deep", affine_model(1.0).save(str(tmp_path / "v1")), alias="prod")
+    json_type = {"Content-Type": "application/json"}
+
+    def nested(depth: int) -> str:
+        return "[" * depth + "1" + "]" * depth
+
+    for depth in (3000, 150):
+        r = http.post("/serve/deep@prod/predict", content=f'{{"inputs": [{nested(depth)}]}}', headers=json_type)
+        assert r.status_code == 400 and "deeper than 100 levels" in r.json()["detail"], r.text
+    assert _ok(http.post("/serve/deep@prod/predict", json={"inputs": [[1, 2]]}))["outputs"] == [3.0]
+    stats = {s["ref"]: s for s in _ok(http.get("/serve"))}["deep@prod"]["stats"]
+    assert stats["errors"] == {"400": 2} and stats["ok"] == 1
+    source = json.dumps(_dir(tmp_path, "v2", {"w": b"x"}))
+    for field in ("tags", "metrics"):
+        for depth in (3000, 500):
+            body = f'{{"source": {source}, "{field}": {{"a": {nested(depth)}}}}}'
+            r = http.post("/models/deep/versions", content=body, headers=json_type)
+            assert r.status_code in (400, 422) and "deeper than 100 levels" in r.text, (field, depth, r.status_code, r.text)
+    r = http.put("/models/deep/aliases/prod", content=f'{{"version": {nested(3000)}}}', headers=json_type)
+    assert r.status_code == 400 and "deeper than 100 levels" in r.text, r.text
+    assert [v["version"] for v in _ok(http.get("/models/deep/versions"))] == [1]  # nothing registered
+    assert _ok(http.post("/models/deep/versions", json={"source": json.loads(source), "tags": {"a": [[1]]}},
+                         ), 201)["tags"] == {"a": [[1]]}  # fmt: skip
 
 
 def test_server_config_registry():

@@ -3,6 +3,7 @@ changes, idempotent submission, migrations."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 
@@ -127,3 +128,106 @@ def test_jobs_running_since_are_those_that_held_resources_in_the_window(store):
     assert [j.id for j in store.jobs_running_since(300.0)] == [running.id, late.id]  # latest start first
     assert [j.id for j in store.jobs_running_since(300.0, limit=1)] == [running.id]
     assert never.id not in [j.id for j in store.jobs_running_since(0.0)]
+
+
+def _db_fds(path: str) -> int:
+    """This process's open descriptors of the database file (each SQLite connection holds one)."""
+    target, n = os.path.realpath(path), 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == target
+        except OSError:  # closed since the listing
+            continue
+    return n
+
+
+def _read_in_threads(store: st.JobStore, n_threads: int) -> tuple[list[Exception], threading.Event, list[threading.Thread]]:
+    """``n_threads`` threads that start together, read the store, and stay alive (so that whatever
+    connection each made would still be open) until the returned event is set."""
+    start, done = threading.Barrier(n_threads), threading.Barrier(n_threads + 1)
+    release = threading.Event()
+    errors: list[Exception] = []
+
+    def read() -> None:
+        try:
+            start.wait(timeout=30)
+            for _ in range(20):
+                assert len(store.jobs(limit=50)) == 50
+                assert store.get(1) is not None and store.count() == 60 and store.events_after(0, limit=5)
+        except Exception as exc:  # any error fails the test
+            errors.append(exc)
+        done.wait(timeout=30)
+        release.wait(timeout=30)
+
+    threads = [threading.Thread(target=read) for _ in range(n_threads)]
+    for t in threads:
+        t.start()
+    done.wait(timeout=30)
+    return errors, release, threads
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_however_many_threads_read_the_store_has_a_bounded_pool_of_connections(store):
+    for i in range(60):
+        _add(store, f"j{i}")
+    errors, release, threads = _read_in_threads(store, 16)
+    try:
+        assert errors == []
+        assert _db_fds(store.path) <= st.READERS + 1  # the readers and the writer, not one per thread
+        assert 1 <= store.readers.peak <= st.READERS and store.readers.opened <= st.READERS
+    finally:
+        release.set()
+        for t in threads:
+            t.join()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_close_closes_every_connection_and_later_reads_raise(tmp_path):
+    store = st.JobStore(str(tmp_path / "state.db"))
+    for i in range(60):
+        _add(store, f"j{i}")
+    errors, release, threads = _read_in_threads(store, 4)
+    try:
+        assert errors == [] and store.count() == 60  # this thread read too
+        store.close()
+        assert _db_fds(store.path) == 0  # while every thread that read is still alive
+        assert store.readers.opened == 0
+    finally:
+        release.set()
+        for t in threads:
+            t.join()
+    with pytest.raises(sqlite3.ProgrammingError):
+        store.jobs()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_a_reader_lent_when_the_store_closes_is_closed_when_given_back(store):
+    _add(store)
+    with store.readers.lend() as conn:
+        store.close()
+        assert store.readers.opened == 1  # the lent one: its read may finish
+        assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 1
+    # (SQLite keeps a closed connection's descriptor while another one of the process has the file open.)
+    assert _db_fds(store.path) == 0 and store.readers.opened == 0
+
+
+def test_a_reader_that_fails_to_connect_frees_its_place_in_the_pool(tmp_path):
+    made: list[sqlite3.Connection] = []
+
+    def connect() -> sqlite3.Connection:
+        if not made:
+            made.append(sqlite3.connect(":memory:", check_same_thread=False))
+            raise sqlite3.OperationalError("unable to open database file")
+        conn = sqlite3.connect(":memory:", check_same_thread=False)
+        made.append(conn)
+        return conn
+
+    pool = st._ReaderPool(connect, 1)
+    with pytest.raises(sqlite3.OperationalError):
+        with pool.lend():
+            pass
+    assert pool.opened == 0
+    with pool.lend() as conn:  # the one place is free again: no wait forever
+        assert conn is made[-1]
+    pool.close()
+    made[0].close()

@@ -35,6 +35,10 @@ ENV_WORKER_PRELOAD = "TRAINFORGE_WORKER_PRELOAD"  # comma-separated modules a wo
 ENV_JOB_ID = "TRAINFORGE_JOB_ID"
 ENV_JOB_EVENTS = "TRAINFORGE_JOB_EVENTS"
 ENV_SERVER_ID = "TRAINFORGE_SERVER_ID"  # with ENV_JOB_ID, marks every process of a train-server job
+ENV_JOB_ATTEMPT = "TRAINFORGE_JOB_ATTEMPT"  # the job's attempt on the server (1 for its first runner)
+# Fault injection: the train server exits at once (os._exit) when it reaches the named crash point
+# (trainforge/server/_crash.py lists them); only the crash-point tests set it.
+ENV_CRASH_AT = "TRAINFORGE_CRASH_AT"
 
 DEFAULT_STORAGE_DIRNAME = "trainforge_results"
 DEFAULT_SHUTDOWN_GRACE_S = 5.0
@@ -54,6 +58,12 @@ def shutdown_grace_s() -> float:
 
 def worker_start_timeout_s() -> float:
     return float(os.environ.get(ENV_START_TIMEOUT_S, DEFAULT_START_TIMEOUT_S))
+
+
+def job_attempt() -> int | None:
+    """This process's train-server job attempt (``$TRAINFORGE_JOB_ATTEMPT``), or None outside one."""
+    value = os.environ.get(ENV_JOB_ATTEMPT, "")
+    return int(value) if value.isdigit() else None
 
 # Resources this machine offers to local workers (elastic sizing): a JSON object such as
 # '{"CPU": 8, "GPU": 2}', or '@/path/to/file.json' to re-read a file at every sizing decision.

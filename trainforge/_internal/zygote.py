@@ -52,6 +52,8 @@ import time
 import traceback
 from typing import Any
 
+from trainforge._internal.state_files import open_append
+
 ENV_ZYGOTE = "TRAINFORGE_ZYGOTE"  # a job's zygote socket: its local workers are forked from it
 MARK_VAR = "TRAINFORGE_ZYGOTE_MARK"
 MARK_LEN = 240  # room for the identifying variables of a job (job id, server id)
@@ -358,7 +360,7 @@ class _Zygote:
                 pass
         self.to_learn = []
         if learned and self.learn_file:
-            with contextlib.suppress(OSError), open(self.learn_file, "a") as f:
+            with contextlib.suppress(OSError), open_append(self.learn_file, "utf-8") as f:
                 f.write("".join(m + "\n" for m in learned))
 
     def _fork(self, request: SpawnRequest, fds: list[int], conn: socket.socket) -> int:
@@ -558,7 +560,7 @@ def launch(path: str, *, log_path: str, learn_file: str | None = None, preload: 
     if learn_file:
         cmd += ["--learn", learn_file]
     try:
-        with open(log_path, "ab") as log:
+        with open_append(log_path) as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env,
                                     pass_fds=(ready_w,), start_new_session=True)  # fmt: skip
     except BaseException:

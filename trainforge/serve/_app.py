@@ -5,15 +5,16 @@
     GET  /v1/stats     requests, errors by status, latency p50/p99 (ms), throughput, batch sizes, swaps
     GET  /healthz      {"status": "ok", "model": {...}} (no token needed)
 
-Statuses: 400 a body that is not JSON; 413 too many instances or too large a body; 422 no ``"inputs"``
-list, or the model failed on this request's inputs (the exception's text); 401 a missing or wrong token;
-403 a ``Host`` header that does not name this server (DNS rebinding); 503 starting or stopping. Never 500.
+Statuses: 400 a body that is not JSON (or nests deeper than 100 levels); 413 too many instances or too
+large a body; 415 a POST whose ``Content-Type`` is not ``application/json``; 422 no ``"inputs"`` list,
+or the model failed on this request's inputs (the exception's text); 401 a missing or wrong token;
+403 a ``Host`` header that does not name this server (DNS rebinding), or a POST from another origin;
+503 starting or stopping. Never 500. The guard is the train server's (:mod:`trainforge._internal.http.guard`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -22,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 import trainforge
+from trainforge._internal.http import Guard, GuardPolicy
 from trainforge.serve._engine import ServeEngine, _detail
 
 
@@ -30,8 +32,9 @@ def predict_doc(**more: str) -> dict[str, Any]:
     responses = {
         "200": {"description": '{"outputs": [one per instance], "model": {"name", "version", "uri"}}',
                 "content": {"application/json": {}}},
-        "400": {"description": "the body is not JSON"},
+        "400": {"description": "the body is not JSON, or nests deeper than 100 levels"},
         "413": {"description": "too many instances, or too large a body"},
+        "415": {"description": "the body is not sent as JSON (Content-Type: application/json)"},
         "422": {"description": 'no "inputs" list, or the model failed on these inputs (the reason)'},
         **{status: {"description": text} for status, text in more.items()},
     }
@@ -40,51 +43,6 @@ def predict_doc(**more: str) -> dict[str, Any]:
                                       "description": "the instances, one per input of the model"}}}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
             "responses": dict(sorted(responses.items()))}  # fmt: skip
-
-
-class _Guard:
-    """ASGI middleware: the ``Host`` header must name this server; with a token, every request but
-    ``/healthz`` must carry ``Authorization: Bearer <token>`` (compared in constant time)."""
-
-    def __init__(self, app: Any, token: str | None, allowed_hosts: set[str]):
-        self.app = app
-        self.token = token.encode() if token is not None else None
-        self.allowed_hosts = {h.lower() for h in allowed_hosts}
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        host = host_name(headers.get("host", ""))
-        if host not in self.allowed_hosts:
-            await deny(send, 403, f"Host {headers.get('host')!r} is not this server's (allowed: "
-                                   f"{sorted(self.allowed_hosts)}; add yours with --allowed-host)")  # fmt: skip
-            return
-        if self.token is not None and scope.get("path") != "/healthz":
-            auth = headers.get("authorization", "")
-            supplied = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(supplied.encode(), self.token):
-                await deny(send, 401, "missing or wrong token: send 'Authorization: Bearer <token>' with the "
-                                       "token the server was started with")  # fmt: skip
-                return
-        await self.app(scope, receive, send)
-
-
-def host_name(hostport: str) -> str:
-    """The host of a ``Host`` header (``name:port``, ``[v6]:port``), lower case."""
-    hostport = hostport.strip().lower()
-    if hostport.startswith("["):
-        return hostport[1 : hostport.find("]")] if "]" in hostport else hostport
-    return hostport.rsplit(":", 1)[0] if hostport.count(":") == 1 else hostport
-
-
-async def deny(send: Any, status: int, detail: str) -> None:
-    """Answer an ASGI request with ``status`` and ``{"detail": detail}``."""
-    body = _detail(detail)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
-    await send({"type": "http.response.body", "body": body})
 
 
 async def read_body(request: Request, limit: int) -> bytes | None:
@@ -161,4 +119,6 @@ def make_app(engine: ServeEngine, *, token: str | None, allowed_hosts: set[str],
             return Response(json.dumps({"status": "starting"}), status_code=503, media_type="application/json")
         return JSONResponse({"status": "ok", "model": info.to_dict()})
 
-    return _Guard(app, token, allowed_hosts)
+    policy = GuardPolicy(token=token, allowed_hosts=frozenset(allowed_hosts), open_paths=frozenset({"/healthz"}),
+                         host_hint="; add yours with --allowed-host")  # fmt: skip
+    return Guard(app, policy)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from typing import Any
 
-from trainforge.serve._config import DEFAULT_PORT
+from trainforge.serve._config import DEFAULT_PORT, ENV_SERVE_TOKEN
 
 
 def add_commands(sub: Any) -> None:
@@ -17,8 +19,9 @@ def add_commands(sub: Any) -> None:
                    "else ~/trainforge/registry)")  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; another needs a token)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)")
-    p.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (16+ characters; needed off loopback)")
-    p.add_argument("--token-file", help="read the token from this file instead")
+    p.add_argument("--token-file", help="require 'Authorization: Bearer TOKEN', TOKEN read from this file (16+ "
+                   f"characters; needed off loopback); or set ${ENV_SERVE_TOKEN}")  # fmt: skip
+    p.add_argument("--token", help=argparse.SUPPRESS)  # refused: a token in argv is visible to every user in ps
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="another name clients reach this server by (Host header); repeatable")  # fmt: skip
     p.add_argument("--max-batch-size", type=int, default=32, help="instances per model call (default 32)")
@@ -33,10 +36,18 @@ def _serve(args: Any) -> int:
     from trainforge.serve._config import ServeConfig
     from trainforge.serve._server import serve
 
-    token = args.token
+    if args.token is not None:
+        print(f"trainforge serve: --token is not taken (a token on the command line is visible to every user in "
+              f"`ps`): put it in a file for --token-file, or in ${ENV_SERVE_TOKEN}", file=sys.stderr)  # fmt: skip
+        return 2
+    token = os.environ.get(ENV_SERVE_TOKEN) or None
     if args.token_file:
-        with open(args.token_file) as f:
-            token = f.read().strip()
+        try:
+            with open(args.token_file) as f:
+                token = f.read().strip()
+        except OSError as exc:
+            print(f"trainforge serve: cannot read --token-file {args.token_file!r}: {exc.strerror}", file=sys.stderr)
+            return 2
     config = ServeConfig(model=args.model, registry=args.registry, host=args.host, port=args.port, token=token,
                          allowed_hosts=tuple(args.allowed_host), max_batch_size=args.max_batch_size,
                          max_batch_wait_ms=args.max_batch_wait_ms, poll_s=args.poll_s,

@@ -6,9 +6,10 @@ import dataclasses
 import math
 from typing import Any
 
-from trainforge.server._config import is_loopback
+from trainforge._internal.http import is_loopback
 
 DEFAULT_PORT = 8280  # next to the train server's 8270
+ENV_SERVE_TOKEN = "TRAINFORGE_SERVE_TOKEN"  # `trainforge serve`'s token when no --token-file is given
 
 
 def _is_int(value: Any) -> bool:
@@ -37,7 +38,9 @@ class ServeConfig:
     of the last ``stats_window_s`` seconds.
 
     Access: the server binds ``host`` (default 127.0.0.1). A non-loopback host needs ``token`` (at least
-    16 characters); requests then send ``Authorization: Bearer <token>`` (``/healthz`` excepted). The
+    16 characters; the CLI reads it from ``--token-file`` or ``$TRAINFORGE_SERVE_TOKEN``, never from its
+    arguments, which ``ps`` shows); requests then send ``Authorization: Bearer <token>`` (``/healthz``
+    excepted). A POST must send JSON and come from no other origin (the guard of the train server). The
     ``Host`` header must name this server (loopback names, ``host``, or one of ``allowed_hosts``; with
     a wildcard bind, 0.0.0.0 or ::, also this machine's names and addresses), as on the train server.
 

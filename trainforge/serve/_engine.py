@@ -16,7 +16,8 @@ NaN and infinities as null).
 
 **Errors.** A batch whose call raises is run again one request at a time, so one bad instance fails
 only its own request: 422 with the exception's type and text (whether ``preprocess``, ``forward`` or
-``postprocess`` raised it). Bad bodies get 400 (not JSON), 422 (no ``"inputs"`` list, or an empty one)
+``postprocess`` raised it). Bad bodies get 400 (not JSON, or nested deeper than
+:data:`~trainforge._internal.json_depth.MAX_DEPTH` levels), 422 (no ``"inputs"`` list, or an empty one)
 or 413 (too many instances): never a 500.
 
 **Swapping.** Every ``poll_s`` the source is asked which version is current (``resolve``, in the loader
@@ -40,8 +41,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from trainforge._internal.json_depth import body_too_deep, too_deep_detail
 from trainforge.serve._config import check_batching
-from trainforge.serve._source import ModelInfo, ModelSource
+from trainforge.serve._source import ModelGoneError, ModelInfo, ModelSource
 
 _MAX_WINDOW = 200_000  # latency samples kept at most
 _MAX_BACKOFF_S = 60.0
@@ -170,6 +172,7 @@ class ServeEngine:
         self._loading: ModelInfo | None = None
         self._failed: dict[str, tuple[float, int]] = {}  # uri -> (retry after, failures)
         self._last_error: str | None = None
+        self._gone: str | None = None  # why it answers 404: what it serves was deleted from the registry
         self._stopping = False
 
     @classmethod
@@ -225,7 +228,7 @@ class ServeEngine:
                 await self.stop()
                 raise ServeError(503, f"cannot load {self.source.describe()}: {type(exc).__name__}: {exc}") from exc
         self._tasks.append(asyncio.create_task(self._batcher(), name="trainforge-serve-batcher"))
-        if self.poll_s > 0 and self.source.follows:
+        if self.poll_s > 0 and self.source.watched:
             self._tasks.append(asyncio.create_task(self._poller(), name="trainforge-serve-poller"))
 
     async def stop(self, drain_s: float = 10.0) -> None:
@@ -278,10 +281,14 @@ class ServeEngine:
         return out
 
     def _parse(self, body: bytes) -> list[Any]:
+        if body_too_deep(body):
+            raise ServeError(400, too_deep_detail())
         try:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ServeError(400, f'the body is not JSON ({exc}): send {{"inputs": [instance, ...]}}') from None
+        except RecursionError:  # a limit above what this stack can decode (the check above keeps it from here)
+            raise ServeError(400, too_deep_detail()) from None
         if not isinstance(data, dict):
             raise ServeError(422, f'the body is a JSON {_json_type(data)}: send an object {{"inputs": [instance, ...]}}')
         if "inputs" not in data:
@@ -303,6 +310,9 @@ class ServeEngine:
         if self._loop is None or self._stopping or self._wake is None:
             self._stats.record(503, None)
             return 503, _detail("the model server is not running (starting or stopping)")
+        if self._gone is not None:
+            self._stats.record(404, None)
+            return 404, _detail(self._gone)
         loop = self._loop
         request = _Request(instances, loop.create_future(), loop.time())
         self._queue.append(request)
@@ -418,9 +428,15 @@ class ServeEngine:
             loop = self._loop
             try:
                 info = await loop.run_in_executor(self._loader, self.source.resolve)
+            except ModelGoneError as exc:  # deleted: not found here either, at once
+                if self._gone is None:
+                    self._event(f"{self.source.describe()} is gone from the registry ({exc}): answering 404")
+                self._gone = f"{self.source.describe()} is no longer in the registry: {exc}"
+                return False
             except Exception as exc:
                 self._last_error = f"cannot resolve {self.source.describe()}: {type(exc).__name__}: {exc}"
                 return False
+            self._gone = None
             assert self._current is not None
             current = self._current[0]
             if (info.name, info.version) == (current.name, current.version):
@@ -488,6 +504,7 @@ class ServeEngine:
             "queued_instances": self._queued_instances,
             "loading": self._loading.uri if self._loading is not None else None,
             "last_error": self._last_error,
+            "gone": self._gone,
         }
 
 

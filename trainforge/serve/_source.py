@@ -29,6 +29,11 @@ class ModelInfo:
         return {"name": self.name, "version": self.version, "uri": self.uri}
 
 
+class ModelGoneError(LookupError):
+    """What ``resolve`` raises when the model, version or alias it serves no longer exists (deleted):
+    the engine then answers 404 until it resolves again."""
+
+
 class ModelSource(abc.ABC):
     """Where the served model comes from. Both methods run in a worker thread, never on the event loop."""
 
@@ -46,7 +51,13 @@ class ModelSource(abc.ABC):
 
     @property
     def follows(self) -> bool:
-        """Whether ``resolve`` can change its answer (False: no polling)."""
+        """Whether ``resolve`` can name another version over time (an alias, the latest)."""
+        return True
+
+    @property
+    def watched(self) -> bool:
+        """Whether ``resolve`` is asked every ``poll_s``: a source that follows, or whose version can be
+        deleted (False: never polled)."""
         return True
 
 
@@ -70,6 +81,10 @@ class StaticSource(ModelSource):
 
     @property
     def follows(self) -> bool:
+        return False
+
+    @property
+    def watched(self) -> bool:
         return False
 
 
@@ -110,7 +125,12 @@ class RegistrySource(ModelSource):
         return f"{self.ref}{where}"
 
     def resolve(self) -> ModelInfo:
-        mv = self.registry.get(self.ref)
+        from trainforge.registry import ModelNotFoundError
+
+        try:
+            mv = self.registry.get(self.ref)
+        except ModelNotFoundError as exc:  # deleted (a fixed version is watched for this too)
+            raise ModelGoneError(str(exc)) from exc
         return ModelInfo(mv.name, int(mv.version), mv.uri, getattr(mv, "size", None))
 
     def load(self, info: ModelInfo) -> Callable[[Any], Any]:

@@ -1,8 +1,9 @@
 """The train server's HTTP API: FastAPI under ``/api/v1`` (OpenAPI at ``/api/v1/openapi.json``).
 
-Every request needs the server's token (``Authorization: Bearer <token>``, or the
-``trainforge_token`` cookie the dashboard sets); the ``Host`` header must name this server (no DNS
-rebinding) and a state-changing request from a browser must come from its own origin. Bad input is
+Every request needs the server's token (``Authorization: Bearer <token>``, or the server's own
+``trainforge_token_<server id>`` cookie the dashboard sets); the ``Host`` header must name this server
+(no DNS rebinding); a state-changing request must come from this server's own origin (scheme, host
+and port) and send JSON (:mod:`trainforge._internal.http.guard`). Bad input is
 answered by the schema (422 naming the field), an unknown job by 404, a change that the job's state
 does not allow by 409; never a 500.
 
@@ -17,21 +18,34 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hmac
 import json
 import os
 import time
-from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
-from urllib.parse import parse_qs
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, Literal, TypeVar
 
+import anyio
 from fastapi import Body, FastAPI, Header, HTTPException, Path, Query, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import trainforge
-from trainforge.serve._app import deny, host_name
+from trainforge._internal.http import Guard, GuardPolicy
+from trainforge._internal.job_events import Segments, read_events
+from trainforge._internal.json_depth import too_deep_detail
 from trainforge.server import _store as st
 from trainforge.server._runner import EVENTS_FILE, OUTPUT_FILE, RESULT_FILE
 from trainforge.server._scheduler import Pending
@@ -39,7 +53,6 @@ from trainforge.server._series import SeriesCache
 from trainforge.server._service import ConflictError, JobService, NotFoundError
 
 API_PREFIX = "/api/v1"
-TOKEN_COOKIE = "trainforge_token"
 _POLL_S = 0.1
 _MAX_LOG_CHUNK = 1 << 20
 
@@ -47,8 +60,10 @@ KindName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0
 Amount = Annotated[float, Field(ge=0, le=1e15, allow_inf_nan=False)]
 JobId = Annotated[int, Path(ge=0, le=2**62, description="the job's id")]
 ConfigKey = Annotated[str, Field(min_length=1, max_length=200)]
+# A JSON scalar kept as the type it was sent as: strict, so 0 stays 0 (not False) and "0" stays text.
 ConfigValue = Annotated[
-    bool | int | float | Annotated[str, Field(max_length=1000)] | None, Field(union_mode="left_to_right")
+    StrictBool | StrictInt | StrictFloat | Annotated[StrictStr, Field(max_length=1000)] | None,
+    Field(union_mode="left_to_right"),
 ]
 StateName = Literal["QUEUED", "HELD", "STARTING", "RUNNING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED", "LOST"]
 
@@ -245,90 +260,8 @@ def _finite(value: Any) -> Any:
     return value
 
 
-class _Guard:
-    """ASGI middleware: token, Host and Origin checks before anything else runs."""
-
-    def __init__(self, app: Any, token: str, allowed_hosts: set[str]):
-        self.app = app
-        self.token = token.encode()
-        self.allowed_hosts = allowed_hosts
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        host = host_name(headers.get("host", ""))
-        if host not in self.allowed_hosts:
-            await deny(send, 403, f"Host {headers.get('host')!r} is not this server's (allowed: {sorted(self.allowed_hosts)})")
-            return
-        origin = headers.get("origin")
-        if origin and scope["method"] not in ("GET", "HEAD", "OPTIONS"):
-            if host_name(origin.split("://", 1)[-1]) not in self.allowed_hosts:
-                await deny(send, 403, f"cross-origin request from {origin!r} refused")
-                return
-        path = scope.get("path", "")
-        if scope["method"] == "GET" and not path.startswith(API_PREFIX + "/") and b"token=" in scope.get("query_string", b""):
-            # The dashboard's entry (the URL `trainforge dashboard` prints): the token becomes a cookie.
-            query = parse_qs(scope["query_string"].decode("latin-1"))
-            given = (query.get("token") or [""])[0]
-            if hmac.compare_digest(given.encode(), self.token):
-                cookie = f"{TOKEN_COOKIE}={given}; HttpOnly; SameSite=Strict; Path=/"
-                await send({"type": "http.response.start", "status": 303,
-                            "headers": [(b"location", (path or "/").encode()), (b"set-cookie", cookie.encode()),
-                                        (b"content-length", b"0")]})  # fmt: skip
-                await send({"type": "http.response.body", "body": b""})
-                return
-        supplied = ""
-        auth = headers.get("authorization", "")
-        if auth.lower().startswith("bearer "):
-            supplied = auth[7:].strip()
-        elif TOKEN_COOKIE in headers.get("cookie", ""):
-            for part in headers["cookie"].split(";"):
-                name, _, value = part.strip().partition("=")
-                if name == TOKEN_COOKIE:
-                    supplied = value
-        if not hmac.compare_digest(supplied.encode(), self.token):
-            if not path.startswith(API_PREFIX + "/"):
-                await _deny_page(send)
-                return
-            await deny(
-                send, 401, "missing or wrong token: send 'Authorization: Bearer <token>' with the token from the "
-                "server's state directory (<state-dir>/token; the CLI and Python client read it themselves)",
-            )  # fmt: skip
-            return
-        if path.startswith(API_PREFIX + "/"):
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_policy(message: dict) -> None:  # the dashboard's pages and files
-            if message["type"] == "http.response.start":
-                names = {k.lower() for k, _ in message.get("headers", [])}
-                extra = [(b"x-content-type-options", b"nosniff")]
-                if b"content-security-policy" not in names:
-                    extra.append((b"content-security-policy", _PAGE_CSP))
-                message = {**message, "headers": [*message.get("headers", []), *extra]}
-            await send(message)
-
-        await self.app(scope, receive, send_with_policy)
-
-
-_PAGE_CSP = b"default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
-
-
-async def _deny_page(send: Any) -> None:
-    body = (
-        b"<!doctype html><meta charset=utf-8><title>trainforge: token needed</title>"
-        b"<h1>This train server needs its token</h1><p>Open the URL that <code>trainforge dashboard</code> prints "
-        b"(it carries the token from the server's state directory, <code>&lt;state-dir&gt;/token</code>).</p>"
-    )
-    await send({"type": "http.response.start", "status": 401,
-                "headers": [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(body)).encode()),
-                            (b"content-security-policy", _PAGE_CSP)]})  # fmt: skip
-    await send({"type": "http.response.body", "body": body})
-
-
 _Event = tuple[str, int, Any]  # (event, id, data)
+_T = TypeVar("_T")
 _KEEPALIVE_S = 15.0
 
 
@@ -458,16 +391,26 @@ def _read_range(path: str | None, offset: int | None, tail: int | None) -> LogsO
     return LogsOut(text=data.decode("utf-8", "replace"), offset=offset, next_offset=offset + len(data), size=size, path=path)
 
 
-def make_app(service: JobService, *, token: str, allowed_hosts: set[str], registry: str | None = None) -> Any:
+def cookie_name(server_id: str) -> str:
+    """The dashboard's token cookie of the server with ``server_id``: a name of its own, so two servers
+    on one host (cookies ignore the port) never overwrite each other's."""
+    return f"trainforge_token_{server_id}"
+
+
+def make_app(service: JobService, *, token: str, allowed_hosts: set[str], registry: str | None = None,
+             tls: bool = False) -> Any:  # fmt: skip
     """The guarded ASGI app and the FastAPI app inside it; ``registry``: the model registry's URI
-    (None: ``Registry()``'s default), see :mod:`trainforge.server._models`."""
+    (None: ``Registry()``'s default), see :mod:`trainforge.server._models`. The guard is
+    :mod:`trainforge._internal.http.guard` (token, Host, whole Origin, JSON-only changes)."""
     app = FastAPI(
         title="trainforge train server",
         version=trainforge.__version__,
         openapi_url=f"{API_PREFIX}/openapi.json",
         docs_url=f"{API_PREFIX}/docs",
         redoc_url=None,
-        responses={400: {"description": "a body that cannot be parsed (not JSON, or not UTF-8)"}},
+        responses={400: {"description": "a body that cannot be parsed (not JSON, or not UTF-8)"},
+                   415: {"description": "a state-changing request whose body is not JSON (Content-Type: "
+                                        "application/json)"}},  # fmt: skip
         description="Queues training jobs and runs them by the resources they ask for. Submitting a job runs "
         "code as the server's user.",
     )
@@ -484,6 +427,14 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str], regist
                   for e in exc.errors()]  # fmt: skip
         body = json.dumps({"detail": errors}, ensure_ascii=True, default=str)
         return Response(body, status_code=422, media_type="application/json")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI answers a body it cannot decode with 400 "There was an error parsing the body"; one
+        # that nests past what Python's decoder can recurse into (RecursionError) is told why.
+        if isinstance(exc.__cause__, RecursionError):
+            return JSONResponse({"detail": too_deep_detail()}, status_code=400)
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(NotFoundError)
     async def _not_found(request: Request, exc: NotFoundError) -> JSONResponse:
@@ -505,7 +456,8 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str], regist
                          uptime_s=time.time() - service.started_at, jobs=counts,
                          warm_pool=service.warm_pool)  # fmt: skip
 
-    @app.post(f"{p}/jobs", status_code=201, response_model=SubmitOut)
+    @app.post(f"{p}/jobs", status_code=201, response_model=SubmitOut,
+              responses={409: {"description": "the submission_id was used for a different submission"}})  # fmt: skip
     def submit(spec: JobSpecIn) -> SubmitOut:
         blob = None
         if spec.trainer_b64 is not None:
@@ -590,9 +542,22 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str], regist
             start = _read_range(_log_path(service, job, rank), offset, tail).offset
         return _sse_response(_log_events(job_id, rank, start))
 
+    # The streams' polls run on the event loop, and the store lends its few reader connections to
+    # whichever thread asks (waiting for one if they are all lent): their reads go to threads of their
+    # own, at most as many as the store has readers, so that the loop never waits for a connection, and
+    # a stream neither waits behind the routes' threads nor takes them (20 followers woken by one event
+    # would take 20).
+    stream_reads: anyio.CapacityLimiter | None = None
+
+    async def _read_off_loop(fn: Callable[..., _T], *args: Any) -> _T:
+        nonlocal stream_reads
+        if stream_reads is None:  # made in the event loop (older anyio cannot make one outside it)
+            stream_reads = anyio.CapacityLimiter(st.READERS)
+        return await anyio.to_thread.run_sync(fn, *args, limiter=stream_reads)
+
     async def _log_events(job_id: int, rank: int | None, pos: int) -> AsyncIterator[_Event | None]:
         while True:
-            job = service.get(job_id)
+            job = await _read_off_loop(service.get, job_id)
             chunk = _read_range(_log_path(service, job, rank), pos, None)
             if chunk.text:
                 pos = chunk.next_offset
@@ -624,7 +589,7 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str], regist
     async def _job_events(job_id: int, path: str, pos: int) -> AsyncIterator[_Event | None]:
         buffer = b""
         while True:
-            job = service.get(job_id)
+            job = await _read_off_loop(service.get, job_id)
             ended = job.state in st.TERMINAL_STATES
             data = b""
             if os.path.exists(path):
@@ -656,27 +621,22 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str], regist
         after: Annotated[int, Query(ge=-1, le=2**62)] = -1,
         limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
     ) -> dict[str, Any]:
-        """Rank 0's reports of the job's runs, in order: ``{"reports": [{"run", "index", "attempt",
-        "t", "metrics", "checkpoint"}], "next_after"}`` (pass ``next_after`` as ``?after=``)."""
+        """Rank 0's reports of the job's runs, in order: ``{"reports": [{"seq", "run", "job_attempt",
+        "index", "attempt", "t", "metrics", "checkpoint"}], "next_after"}`` (pass ``next_after`` as
+        ``?after=``). ``job_attempt``: the job's attempt that made it (as the job's ``attempt``);
+        ``attempt``: its run's restart count."""
         _job_or_404(service, job_id)
         rows: list[dict[str, Any]] = []
-        run, n = None, -1
-        path = os.path.join(service.job_dir(job_id), EVENTS_FILE)
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                for line in f:
-                    try:
-                        event = json.loads(line)
-                    except ValueError:
-                        continue
-                    if event.get("type") == "run_start":
-                        run = event.get("name")
-                    elif event.get("type") == "report":
-                        n += 1
-                        if n > after and len(rows) < limit:
-                            rows.append({"seq": n, "run": run, "index": event.get("index"), "attempt": event.get("attempt"),
-                                         "t": event.get("t"), "metrics": _finite(event.get("metrics")),
-                                         "checkpoint": event.get("checkpoint")})  # fmt: skip
+        segments = Segments()
+        events, _ = read_events(os.path.join(service.job_dir(job_id), EVENTS_FILE))
+        for event in events:
+            seg = segments.add(event)
+            n = segments.reports - 1
+            if seg is not None and n > after and len(rows) < limit:
+                where = segments.segments[seg]
+                rows.append({"seq": n, "run": where["run"], "job_attempt": where["job_attempt"],
+                             "index": event.get("index"), "attempt": event.get("attempt"), "t": event.get("t"),
+                             "metrics": _finite(event.get("metrics")), "checkpoint": event.get("checkpoint")})  # fmt: skip
         return {"reports": rows, "next_after": rows[-1]["seq"] if rows else after}
 
     series_cache = SeriesCache()
@@ -692,8 +652,10 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str], regist
         """Rank 0's metrics as chart series, each cut into at most ``points`` buckets of consecutive
         reports with their ``min``, ``max`` and ``last`` value (NaN/inf/missing: no value; an empty
         bucket is null) and the step index ``i`` and time ``t`` of each bucket's last report; ``n``
-        reports in all; ``next_offset``: where the job's event stream goes on from. ``key`` (repeatable)
-        picks keys; ``start``..``end`` (step indices, inclusive) a range, for a chart that zooms."""
+        reports in all; ``next_offset``: where the job's event stream goes on from. No bucket spans two
+        ``segments`` (each run's start, the job's next attempt included, and each restart: their
+        ``job_attempt``, ``run`` and ``attempt``); each bucket's ``segment`` says which it is of. ``key``
+        (repeatable) picks keys; ``start``..``end`` (step indices, inclusive) a range, for a chart that zooms."""
         _job_or_404(service, job_id)
         if end is not None and end < start:
             raise HTTPException(422, f"end={end} is before start={start}: give start <= end")
@@ -779,7 +741,8 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str], regist
 
     async def _store_events(seq: int) -> AsyncIterator[_Event | None]:
         while True:
-            batch = service.store.events_after(seq)
+            # A query only once the store has committed an event after seq (it counts them itself).
+            batch = await _read_off_loop(service.store.events_after, seq) if service.store.last_seq > seq else []
             for e in batch:
                 seq = e.seq
                 yield e.type, e.seq, EventOut(**e.__dict__).model_dump()
@@ -795,4 +758,10 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str], regist
 
     _models.mount(app, service, registry, API_PREFIX)
     _dashboard.mount(app, service)
-    return _Guard(app, token, allowed_hosts), app
+    policy = GuardPolicy(
+        token=token, allowed_hosts=frozenset(allowed_hosts), api_prefix=API_PREFIX + "/", tls=tls,
+        cookie_name=cookie_name(service.server_id) if service is not None else None,
+        token_hint="the token from the server's state directory (<state-dir>/token; the CLI and Python client "
+        "read it themselves)",
+    )  # fmt: skip
+    return Guard(app, policy), app

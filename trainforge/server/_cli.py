@@ -271,7 +271,7 @@ def _worker_range(text: str) -> tuple[int, int | None]:
 
 
 def _submit(args: Any) -> int:
-    from trainforge.server._client import Client, follow
+    from trainforge.server._client import EARLIER_TRY, Client, follow
 
     target = args.target
     per_worker: dict[str, float] = {"CPU": args.cpus}
@@ -314,10 +314,10 @@ def _submit(args: Any) -> int:
     else:
         raise SystemExit(f"trainforge submit: {target!r} is neither a script (.py) nor pkg.module:function")
     client = Client(args.address, state_dir=args.state_dir)
-    job = client.submit(spec)
-    status = job.status()
+    job = client.submit(spec, on_wait=lambda line: print(f"trainforge submit: {line}", file=sys.stderr, flush=True))
+    status = job.submitted or job.status()
     print(f"trainforge: submitted job {job.id} ({status.name}): {status.state}"
-          + (f", {status.pending}" if status.pending else ""), flush=True)  # fmt: skip
+          + (f", {status.pending}" if status.pending else "") + (EARLIER_TRY if not job.created else ""), flush=True)  # fmt: skip
     if args.no_wait:
         print(f"  follow it with `trainforge logs {job.id} -f`; stop it with `trainforge stop {job.id}`")
         return 0

@@ -39,8 +39,20 @@ API_PREFIX = "/api/v1"
 _RECONNECT_S = 60.0
 
 
+SUBMIT_WAIT_S = 60.0  # how long a submission cut by a lost connection is retried (with its key)
+
+
 class ServerNotFoundError(ConnectionError):
-    """No train server answers where the client looked."""
+    """No train server answers where the client looked. ``sent``: the request may have reached the
+    server before the connection was lost (it connected, then the reply never came)."""
+
+    def __init__(self, message: str, *, sent: bool = False):
+        super().__init__(message)
+        self.sent = sent
+
+
+class _Dropped(OSError):
+    """A connection lost after the request started going out: the server may have acted on it."""
 
 
 class ServerError(RuntimeError):
@@ -191,6 +203,8 @@ class _Http:
                 body: Any = None) -> tuple[int, str, bytes]:  # fmt: skip
         headers = {**self._headers, "Connection": "close"}
         data = None
+        if body is None and method in ("POST", "PUT", "PATCH"):
+            body = {}  # the server takes state changes as JSON only
         if body is not None:
             data = _json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
@@ -199,6 +213,8 @@ class _Http:
             conn.request(method, self._target(path, params), body=data, headers=headers)
             response = conn.getresponse()
             return response.status, response.getheader("content-type", ""), response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise _Dropped(f"{type(exc).__name__}: {exc}") from exc
         finally:
             conn.close()
 
@@ -227,9 +243,42 @@ class Client:
 
     def __init__(self, address: str | None = None, *, token: str | None = None, state_dir: str | None = None,
                  timeout: float = 60.0):  # fmt: skip
-        self.address, token = discover(address, token, state_dir)
+        self.address, found_token = discover(address, token, state_dir)
         self.state_dir = state_dir
-        self._http = _Http(self.address + API_PREFIX, {"Authorization": f"Bearer {token}"} if token else {}, timeout)
+        self._given = (address, token, state_dir)
+        # Found through a state directory's address file (not given): a restarted server may have
+        # written another address there; a retried submission looks again.
+        self._found_in: str | None = None
+        if not (address or os.environ.get(ENV_ADDRESS)):
+            self._found_in = state_dir or os.environ.get(ENV_STATE_DIR) or default_state_dir()
+        self._timeout = timeout
+        self._http = _Http(self.address + API_PREFIX, {"Authorization": f"Bearer {found_token}"} if found_token else {},
+                           timeout)  # fmt: skip
+
+    def _rediscover(self) -> None:
+        if self._found_in is None:
+            return
+        try:
+            address, token = discover(*self._given)
+        except ServerNotFoundError:
+            return
+        self.address = address
+        self._http = _Http(address + API_PREFIX, {"Authorization": f"Bearer {token}"} if token else {}, self._timeout)
+
+    def _server_starting(self) -> bool:
+        """A train server holds the state directory the address came from (it is starting, or
+        restarting): worth waiting for."""
+        if self._found_in is None:
+            return False
+        from trainforge.server._main import ServerRunningError, check_not_running
+
+        try:
+            check_not_running(self._found_in)
+        except ServerRunningError:
+            return True
+        except OSError:
+            return False
+        return False
 
     def close(self) -> None:
         """Nothing stays open between requests (each has its own connection); kept for ``with``."""
@@ -248,7 +297,8 @@ class Client:
             status, content_type, body = self._http.request(method, path, params=params, body=json)
         except (OSError, http.client.HTTPException) as exc:
             raise ServerNotFoundError(
-                f"no train server answers at {self.address} ({exc}): is it running? (`trainforge server status`)"
+                f"no train server answers at {self.address} ({exc}): is it running? (`trainforge server status`)",
+                sent=isinstance(exc, _Dropped),
             ) from exc
         if status >= 400:
             self._raise_for(status, body)
@@ -314,11 +364,48 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self.request("GET", "/health")  # type: ignore[no-any-return]
 
-    def submit(self, spec: dict[str, Any]) -> Job:
-        """Queue a job described as the API's ``JobSpecIn`` (see ``/api/v1/docs``)."""
-        body = self.request("POST", "/jobs", json=spec)
+    def submit(self, spec: dict[str, Any], *, wait_s: float = SUBMIT_WAIT_S,
+               on_wait: Callable[[str], Any] | None = None) -> Job:  # fmt: skip
+        """Queue a job described as the API's ``JobSpecIn`` (see ``/api/v1/docs``), exactly once.
+
+        The submission carries an idempotency key (``submission_id``; one is made if ``spec`` has
+        none). When the connection is lost after the request went out (the server crashed or
+        restarted before its reply), or nothing answers while a server holds the state directory
+        (it is starting), the same submission is sent again, with the same key, until the server
+        answers or ``wait_s`` passes (``on_wait`` is told once, in words): the server queues it once
+        and answers with the job it committed (``job.created`` is False when an earlier try had
+        queued it). The same key with a different spec is refused (409). Nothing answering at all
+        fails at once (:class:`ServerNotFoundError`)."""
+        spec = {**spec, "submission_id": spec.get("submission_id") or uuid.uuid4().hex}
+        deadline: float | None = None
+        pause = 0.1
+        while True:
+            try:
+                body = self.request("POST", "/jobs", json=spec)
+                break
+            except ServerNotFoundError as exc:
+                now = time.monotonic()
+                if deadline is None:
+                    if not (exc.sent or self._server_starting()):
+                        raise
+                    deadline = now + wait_s
+                    if on_wait is not None:
+                        on_wait(f"the train server at {self.address} did not answer ({exc.__cause__ or exc}); "
+                                f"sending the submission again (key {spec['submission_id']}) until it does, "
+                                f"for up to {wait_s:g} s")  # fmt: skip
+                if now >= deadline:
+                    raise ServerNotFoundError(
+                        f"the train server at {self.address} did not answer for {wait_s:g} s. It may have queued "
+                        f"the job before it went away: once it answers, `trainforge jobs` shows it; submit again "
+                        f"with submission_id {spec['submission_id']!r} to get that job instead of a second one.",
+                        sent=True,
+                    ) from exc
+                time.sleep(pause)  # the server is restarting: give it a moment, then look again
+                pause = min(1.0, pause * 2)
+                self._rediscover()
         job = Job(self, body["id"])
         job.submitted = JobStatus.from_json(body["job"])
+        job.created = bool(body.get("created", True))
         return job
 
     def job(self, job_id: int) -> Job:
@@ -346,6 +433,7 @@ class Job:
         self.client = client
         self.id = job_id
         self.submitted: JobStatus | None = None  # its status as the submission's reply gave it
+        self.created = True  # False: the submission had been queued by an earlier try of the same key
 
     def __repr__(self) -> str:
         return f"Job({self.id}, server={self.client.address!r})"
@@ -473,7 +561,9 @@ def start_background_server(state_dir: str | None = None, *, extra_args: list[st
 
         if ray.is_initialized():  # a driver connected to Ray: the server schedules on that cluster
             env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
-    with open(os.path.join(state_dir, "server.log"), "ab") as log:
+    from trainforge._internal.state_files import open_append
+
+    with open_append(os.path.join(state_dir, "server.log")) as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainforge.server", "start", "--state-dir", state_dir, *(extra_args or [])],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
@@ -576,20 +666,21 @@ def submit_trainer(
         priority=priority, hold=hold, max_retries=max_retries, env=dict(env or {}),
         submission_id=uuid.uuid4().hex,  # a retried request queues the job once
     )  # fmt: skip
+    def waiting(line: str) -> None:
+        print(f"trainforge: {line}", file=out, flush=True)
+
     try:  # one request when a server runs: the reply carries the job's state
         client = Client(address)
-        job = client.submit(spec)
-    except ServerNotFoundError:
-        if address is not None or os.environ.get(ENV_ADDRESS):
-            raise
+        job = client.submit(spec, on_wait=waiting)
+    except ServerNotFoundError as exc:
+        if exc.sent or address is not None or os.environ.get(ENV_ADDRESS):
+            raise  # a server went away with the submission (retried until the deadline), or one was named
         url = start_background_server(extra_args=[] if _port_free(DEFAULT_PORT) else ["--port", "0"])
         print(f"trainforge: no train server was running; started one at {url} "
               f"(state in {default_state_dir()}; stop it with `trainforge server stop`)", file=out, flush=True)  # fmt: skip
         client = Client(url)
-        job = client.submit(spec)
-    status = job.submitted or job.status()
-    print(f"trainforge: submitted job {job.id} to {client.address}: {status.state}"
-          + (f" ({status.pending})" if status.pending else ""), file=out, flush=True)  # fmt: skip
+        job = client.submit(spec, on_wait=waiting)  # the same key: never queued twice
+    print(submitted_line(job, client.address), file=out, flush=True)
     if callback is not None:
 
         def deliver() -> None:
@@ -602,6 +693,16 @@ def submit_trainer(
     if wait:
         follow(job, out)
     return job
+
+
+def submitted_line(job: Job, address: str) -> str:
+    """What a submission tells its user: the job the server committed, and its state."""
+    status = job.submitted or job.status()
+    line = f"trainforge: submitted job {job.id} to {address}: {status.state}"
+    return line + (f" ({status.pending})" if status.pending else "") + (EARLIER_TRY if not job.created else "")
+
+
+EARLIER_TRY = " [queued by an earlier try of this submission, before the connection dropped]"
 
 
 def follow(job: Job, out: Any = None) -> JobStatus | None:

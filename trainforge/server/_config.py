@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import math
 import os
 from pathlib import Path
+
+from trainforge._internal.http import is_loopback
 
 DEFAULT_PORT = 8270  # not Ray's 6379 / 8265 (dashboard) / 8266 / 10001 (client)
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -17,15 +18,6 @@ ENV_TOKEN = "TRAINFORGE_TOKEN"
 
 def default_state_dir() -> str:
     return os.environ.get(ENV_STATE_DIR) or str(Path.home() / ".trainforge" / "server")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclasses.dataclass

@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
+from trainforge._internal.state_files import open_append, write_atomic
 from trainforge.server._config import ServerConfig, effective_capacity, machine_capacity
-from trainforge.server._runner import write_atomic
 
 ADDRESS_FILE = "address"
 TOKEN_FILE = "token"
@@ -66,7 +66,7 @@ def _become_subreaper() -> None:
 
 
 def _lock(state_dir: str) -> IO[str]:
-    handle = open(os.path.join(state_dir, LOCK_FILE), "a+")  # noqa: SIM115 (held for the server's life)
+    handle = open_append(os.path.join(state_dir, LOCK_FILE), "utf-8")  # held for the server's life; 0600
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

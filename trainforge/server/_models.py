@@ -44,8 +44,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from trainforge._internal.json_depth import shallow
 from trainforge.registry._uri import NAME_PATTERN
 
 if TYPE_CHECKING:
@@ -106,8 +107,8 @@ class RegisterIn(BaseModel):
                                description="or a checkpoint directory or URL, as the server's machine sees it")  # fmt: skip
     model_class: str | None = Field(default=None, max_length=400, description="module:Class of its trainforge.model.Model")
     loader: str | None = Field(default=None, max_length=400, description="or module:function that loads it")
-    metrics: dict[str, Any] | None = Field(default=None, description="default: the run's last numeric metrics")
-    tags: dict[str, Any] | None = None
+    metrics: Annotated[dict[str, Any] | None, AfterValidator(shallow)] = Field(default=None, description="default: the run's last numeric metrics")
+    tags: Annotated[dict[str, Any] | None, AfterValidator(shallow)] = None
     description: str | None = Field(default=None, max_length=10_000)
     alias: str | None = Field(default=None, min_length=1, max_length=100, description="point this alias at it")
     by: str | None = Field(default=None, min_length=1, max_length=200, description="who registers it")

@@ -25,6 +25,8 @@ import sys
 import traceback
 from typing import Any
 
+from trainforge._internal.state_files import write_atomic
+
 SPEC_FILE = "spec.json"
 TRAINER_FILE = "trainer.pkl"
 RESULT_FILE = "result.pkl"
@@ -32,20 +34,6 @@ EXIT_FILE = "exit.json"
 EVENTS_FILE = "events.jsonl"
 OUTPUT_FILE = "output.log"
 GRANT_FILE = "grant.json"
-
-
-def write_atomic(path: str, data: bytes | str, *, mode: int = 0o666, fsync: bool = False) -> None:
-    """Write a file of the server's (or the runner's) so that readers see the old or the new one
-    whole, never a part: a temporary name, then a rename. ``mode`` applies before anything is written."""
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.chmod(tmp, mode)  # the umask may have taken bits off; what was asked for is what we get
-    os.replace(tmp, path)
 
 
 def _load_trainer(job_dir: str, spec: dict[str, Any]) -> Any:
@@ -119,22 +107,61 @@ def _run_script(spec: dict[str, Any]) -> dict[str, Any]:
     return {"status": "succeeded", "exit_code": 0}
 
 
-def main(job_dir: str) -> int:
-    with open(os.path.join(job_dir, SPEC_FILE)) as f:
-        spec = json.load(f)
-    if spec.get("cwd"):
-        os.chdir(spec["cwd"])
-    for entry in reversed(spec.get("sys_path", [])):
+class _NotStarted(Exception):
+    """The job cannot start (before its own code runs): why, and whose the fault is (``user_error``:
+    the job's spec; ``infra``: the server's files)."""
+
+    def __init__(self, message: str, failure_class: str):
+        super().__init__(message)
+        self.failure_class = failure_class
+
+
+def _prepare(job_dir: str, job_id: str | None) -> dict[str, Any]:
+    """Read the job's spec, enter its working directory, put its ``sys_path`` first: the job's spec,
+    ready to run, or :class:`_NotStarted` saying what is wrong and what to do."""
+    path = os.path.join(job_dir, SPEC_FILE)
+    try:
+        with open(path) as f:
+            spec = json.load(f)
+        if not isinstance(spec, dict) or spec.get("kind") not in ("script", "trainer", "function"):
+            raise ValueError(f"not a job spec: {str(spec)[:200]}")
+        with open(os.path.join(job_dir, GRANT_FILE)) as f:
+            grant = f.read()
+    except (OSError, ValueError) as exc:
+        raise _NotStarted(f"cannot read the job's files in {job_dir} ({type(exc).__name__}: {exc}): the server's "
+                          "state directory is damaged; submit the job again", "infra") from None  # fmt: skip
+    cwd = spec.get("cwd")
+    if cwd:
+        try:
+            os.chdir(cwd)
+        except (OSError, TypeError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else str(exc)
+            raise _NotStarted(f"cannot run in the job's working directory (cwd) {cwd!r}: {why}. Submit it with a cwd "
+                              "that exists on the server's machine and that the server's user may enter "
+                              "(`trainforge submit` sends the directory it is run in)", "user_error") from None  # fmt: skip
+    sys_path = spec.get("sys_path") or []
+    if not isinstance(sys_path, list) or not all(isinstance(e, str) for e in sys_path):
+        raise _NotStarted(f"the job's sys_path is {sys_path!r}: give a list of directories", "user_error")
+    for entry in reversed(sys_path):
         if entry not in sys.path:
             sys.path.insert(0, entry)
+    print(f"trainforge job {job_id}: runner pid {os.getpid()}, grant {grant}", flush=True)
+    return spec
+
+
+def main(job_dir: str) -> int:
+    """Run the job in ``job_dir`` and write its outcome to ``exit.json``: whatever fails, from reading
+    its spec to its last line, ends there (a runner that ends without one is *lost*, and retried)."""
     job_id = os.environ.get("TRAINFORGE_JOB_ID")
-    with open(os.path.join(job_dir, GRANT_FILE)) as f:
-        print(f"trainforge job {job_id}: runner pid {os.getpid()}, grant {f.read()}", flush=True)
     try:
+        spec = _prepare(job_dir, job_id)
         if spec["kind"] == "script":
             outcome = _run_script(spec)
         else:
             outcome = _run_trainer(job_dir, spec)
+    except _NotStarted as exc:
+        print(f"trainforge job {job_id}: not started: {exc}", flush=True)
+        outcome = {"status": "failed", "failure_class": exc.failure_class, "error": str(exc), "exit_code": 1}
     except KeyboardInterrupt:
         print(f"trainforge job {job_id}: stopped", flush=True)
         outcome = {"status": "stopped", "exit_code": 130}

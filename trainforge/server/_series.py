@@ -7,6 +7,11 @@ value is missing, NaN or infinite leave no value in their bucket (a bucket with 
 a gap). A chart that zooms asks for a range of step indices (``start``..``end``) and gets that range
 cut into ``points`` buckets again, so zooming into a million reports shows the reports themselves.
 
+A bucket never holds reports of two segments: a segment starts at every run's start and every restart
+(:class:`~trainforge._internal.job_events.Segments`), so a job whose lost runner was replaced, or a run
+restarted from its checkpoint, shows its repeated steps apart, each bucket with its ``segment`` (the
+job's attempt, the run and its restart count).
+
 The parsed reports of a job are kept per job as float64 columns (NaN where a report had no finite
 value) and extended from the byte offset where the previous read stopped, so a chart that refreshes
 reads only what is new; the buckets are computed with numpy (a million reports in milliseconds).
@@ -16,12 +21,13 @@ from __future__ import annotations
 
 import array
 import collections
-import json
 import math
 import threading
 from typing import Any
 
 import numpy as np
+
+from trainforge._internal.job_events import Segments, read_events
 
 MAX_JOBS = 32  # jobs whose parsed reports are kept (least recently read ones go first)
 
@@ -63,7 +69,8 @@ def _number(value: Any) -> float:
 
 
 class SeriesCache:
-    """The rank-0 reports of each job, parsed once, as columns: ``t`` and one per metric key."""
+    """The rank-0 reports of each job, parsed once, as columns: ``t``, the segment of each report
+    (:class:`~trainforge._internal.job_events.Segments`) and one column per metric key."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -71,31 +78,25 @@ class SeriesCache:
 
     def read(self, job_id: int, path: str) -> dict[str, Any]:
         with self._lock:
-            entry = self._jobs.setdefault(job_id, {"offset": 0, "t": array.array("d"), "keys": {}, "n": 0})
+            entry = self._jobs.get(job_id)
+            if entry is None:
+                entry = self._jobs[job_id] = {"offset": 0, "t": array.array("d"), "seg": array.array("i"),
+                                              "segments": Segments(), "keys": {}, "n": 0}  # fmt: skip
             self._jobs.move_to_end(job_id)
             while len(self._jobs) > MAX_JOBS:
                 self._jobs.popitem(last=False)
-            try:
-                with open(path, "rb") as f:
-                    f.seek(entry["offset"])
-                    data = f.read()
-            except FileNotFoundError:
-                data = b""
-            end = data.rfind(b"\n") + 1  # complete lines only
+            events, entry["offset"] = read_events(path, entry["offset"])
             keys: dict[str, array.array[float]] = entry["keys"]
-            for line in data[:end].splitlines():
-                if b'"report"' not in line:
-                    continue
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if event.get("type") != "report":
+            for event in events:
+                seg = entry["segments"].add(event)
+                if seg is None:
                     continue
                 n = entry["n"]
                 t = event.get("t")
                 entry["t"].append(t if isinstance(t, (int, float)) else math.nan)
-                for key, value in (event.get("metrics") or {}).items():
+                entry["seg"].append(seg)
+                metrics = event.get("metrics")
+                for key, value in (metrics if isinstance(metrics, dict) else {}).items():
                     column = keys.get(key)
                     if column is None:
                         column = keys[key] = array.array("d", [math.nan]) * n
@@ -104,7 +105,6 @@ class SeriesCache:
                 for column in keys.values():
                     if len(column) < n + 1:
                         column.append(math.nan)
-            entry["offset"] += end
             return entry
 
     def series(
@@ -112,21 +112,31 @@ class SeriesCache:
         start: int = 0, end: int | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         """Reports ``start``..``end`` (step indices, inclusive; default: all) of each key (all, or
-        ``keys``) cut into at most ``points`` buckets."""
+        ``keys``) cut into about ``points`` buckets of the same size, none across two segments (one
+        more bucket at most per segment that starts in the range); each bucket's ``segment`` indexes
+        ``segments``, every segment of the job's reports."""
         entry = self.read(job_id, path)
         with self._lock:
             n = entry["n"]
             lo = max(0, start)
             hi = n - 1 if end is None else min(end, n - 1)
             t = np.array(entry["t"][lo : hi + 1], dtype=np.float64)  # copies: the columns keep growing
+            seg = np.array(entry["seg"][lo : hi + 1], dtype=np.int64)
             columns = {k: np.array(v[lo : hi + 1], dtype=np.float64)
                        for k, v in entry["keys"].items() if keys is None or k in keys}  # fmt: skip
             offset = entry["offset"]
+            segments = [dict(s) for s in entry["segments"].segments]
         out: dict[str, Any] = {"n": n, "next_offset": offset, "points": points, "start": lo, "end": hi,
-                               "series": {}}  # fmt: skip
+                               "segments": segments, "series": {}}  # fmt: skip
+        size = max(1, math.ceil(len(seg) / points))
+        cuts = [0, *(np.flatnonzero(np.diff(seg)) + 1).tolist(), len(seg)]  # where a segment starts
+        pieces = [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
         for key, values in sorted(columns.items()):
-            d = downsample(values, points, first=lo)
-            d["t"] = [None if math.isnan(x) else x for x in t[np.asarray(d["i"], dtype=np.int64) - lo].tolist()]
+            parts = [downsample(values[a:b], math.ceil((b - a) / size), first=lo + a) for a, b in pieces]
+            d: dict[str, list[Any]] = {k: [x for p in parts for x in p[k]] for k in ("i", "min", "max", "last")}
+            at = np.asarray(d["i"], dtype=np.int64) - lo
+            d["t"] = [None if math.isnan(x) else x for x in t[at].tolist()]
+            d["segment"] = seg[at].tolist()
             out["series"][key] = d
         return out
 

@@ -16,6 +16,7 @@ event files every 50 ms. Scheduling runs under one lock, on the thread whose eve
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -32,8 +33,9 @@ from typing import Any
 
 import psutil
 
-from trainforge._internal import constants, zygote
+from trainforge._internal import constants, state_files, zygote
 from trainforge.server import _store as st
+from trainforge.server._crash import crash_point
 from trainforge.server._runner import (
     EVENTS_FILE,
     EXIT_FILE,
@@ -52,6 +54,7 @@ ENV_SERVER_ID = constants.ENV_SERVER_ID
 _TAIL_INTERVAL_S = 0.05
 _EPS = 1e-9
 ZYGOTE_LOG = "zygote.log"
+_STAGING_PREFIX = ".new-"  # jobs/.new-<hex>: a submission's files before its row is committed
 WARM_MODULES_FILE = "warm_modules"  # what earlier jobs' workers imported: the next zygote starts with it
 # What a runner and its workers import for any job: the zygote has them before the first job.
 WARM_PRELOAD = (
@@ -121,6 +124,14 @@ def request_of(job: st.JobRow) -> JobRequest:
     return request_from_spec(job.spec, job.id, priority=job.priority, held=job.state == st.HELD)
 
 
+def submission_digest(*, name: str, spec: dict[str, Any], trainer_blob: bytes | None, priority: int, hold: bool,
+                      max_retries: int) -> str:  # fmt: skip
+    """What a submission asked for, as a digest: the same request retried has the same one."""
+    h = hashlib.sha256(json.dumps([name, spec, priority, hold, max_retries], sort_keys=True, default=str).encode())
+    h.update(hashlib.sha256(trainer_blob).digest() if trainer_blob is not None else b"-")
+    return h.hexdigest()
+
+
 def _read_json(path: str) -> dict[str, Any] | None:
     try:
         with open(path) as f:
@@ -138,10 +149,12 @@ class JobService:
         self._zygote: subprocess.Popen[bytes] | None = None
         self._zygote_path: str | None = None  # set once the zygote serves
         self.jobs_dir = os.path.join(state_dir, "jobs")
-        os.makedirs(self.jobs_dir, exist_ok=True)
+        state_files.make_dir(self.jobs_dir)  # 0700, as each job's directory: they hold specs, environments, logs
         self.capacity = dict(capacity)
         self.stop_grace_s = stop_grace_s
-        self.store = st.JobStore(os.path.join(state_dir, "state.db"), durable=durable)
+        db = os.path.join(state_dir, "state.db")
+        state_files.open_append(db).close()  # 0600 first: SQLite gives its -wal and -shm files the database's mode
+        self.store = st.JobStore(db, durable=durable)
         self.server_id = self._server_id()
         self._lock = threading.RLock()
         self._runners: dict[int, _Runner] = {}
@@ -169,8 +182,7 @@ class JobService:
     def _server_id(self) -> str:
         path = os.path.join(self.state_dir, "server_id")
         value = (open(path).read().strip() if os.path.exists(path) else "") or uuid.uuid4().hex[:12]
-        with open(path, "w") as f:
-            f.write(value)
+        write_atomic(path, value)
         return value
 
     def job_dir(self, job_id: int) -> str:
@@ -181,9 +193,15 @@ class JobService:
         """Before serving: load the queue, reattach the runners that are still alive, finish the jobs
         whose runner ended while the server was down (from their exit file) and mark vanished ones
         lost. Returns counts by outcome."""
-        counts = {"queued": 0, "reattached": 0, "ended": 0, "lost": 0}
+        counts = {"queued": 0, "reattached": 0, "ended": 0, "lost": 0, "broken": 0, "swept": self._sweep()}
+        stopping: list[int] = []
         with self._lock:
             for job in self.store.jobs(st.WAITING_STATES, newest_first=False):
+                missing = self._missing_files(job)
+                if missing is not None:
+                    self._fail_broken(job.id, missing)
+                    counts["broken"] += 1
+                    continue
                 self._requests[job.id] = request_of(job)
                 counts["queued"] += 1
             for job in self.store.jobs(st.ACTIVE_STATES, newest_first=False):
@@ -198,14 +216,46 @@ class JobService:
                 if pid is not None and self._alive(pid, job.pid_start_time if job.pid is not None else None):
                     runner = _Runner(job.id, pid, None)
                     self._runners[job.id] = runner
-                    self.store.update(job.id, "reattached", {"pid": pid}, pid=pid)
+                    # A runner started just before the crash (no pid recorded yet) is running now.
+                    state = {"state": st.RUNNING} if job.state == st.STARTING else {}
+                    self.store.update(job.id, "reattached", {"pid": pid}, pid=pid, **state)
+                    crash_point("reattach:recorded")
                     threading.Thread(target=self._watch_pid, args=(runner,), daemon=True, name=f"tf-job{job.id}").start()
                     counts["reattached"] += 1
+                    if job.state == st.STOPPING:  # asked to stop before the crash: finish stopping it
+                        stopping.append(job.id)
                 else:
                     counts["ended" if os.path.exists(os.path.join(self.job_dir(job.id), EXIT_FILE)) else "lost"] += 1
                     self._finish(job.id, None, schedule=False)
             self._schedule()
+        for job_id in stopping:
+            threading.Thread(target=self.stop, args=(job_id,), daemon=True, name=f"tf-job{job_id}-stop").start()
         return counts
+
+    def _sweep(self) -> int:
+        """At start: remove what submissions that never committed left in ``jobs/`` (staging
+        directories, each of which may hold a large trainer, and ``jobs/<id>`` without a row: a crash
+        between the move and the commit, or between a delete's commit and its removal). Returns how
+        many were removed."""
+        ids = self.store.ids()
+        removed = 0
+        for entry in os.listdir(self.jobs_dir):
+            if entry.startswith(_STAGING_PREFIX) or (entry.isdigit() and int(entry) not in ids):
+                shutil.rmtree(os.path.join(self.jobs_dir, entry), ignore_errors=True)
+                removed += 1
+        return removed
+
+    def _missing_files(self, job: st.JobRow) -> str | None:
+        """What of the job's files is missing (its directory, spec, trainer), or None if whole."""
+        need = [SPEC_FILE] + ([TRAINER_FILE] if job.kind == "trainer" else [])
+        missing = [name for name in need if not os.path.isfile(os.path.join(self.job_dir(job.id), name))]
+        return ", ".join(os.path.join("jobs", str(job.id), name) for name in missing) or None
+
+    def _fail_broken(self, job_id: int, missing: str) -> None:
+        error = (f"the job's files are incomplete (missing {missing} in the server's state directory): it cannot "
+                 "run; submit it again")  # fmt: skip
+        self.store.update(job_id, "ended", {"error": error}, state=st.FAILED, failure_class="infra", error=error,
+                          ended_at=time.time(), pid=None)  # fmt: skip
 
     def start(self) -> None:
         self._tailer = threading.Thread(target=self._tail_loop, daemon=True, name="tf-tailer")
@@ -282,29 +332,62 @@ class JobService:
         submission_id: str | None = None,
     ) -> tuple[st.JobRow, bool]:
         """Queue a job; ValueError (with the numbers) if it can never fit. With a known
-        ``submission_id``, returns that job and False instead of queueing another."""
+        ``submission_id``, returns that job and False instead of queueing another (ConflictError if
+        that key was used for a different submission).
+
+        Crash-safe order: the job's files (spec, trainer) are written to a staging directory, then,
+        inside the transaction that inserts its row, moved to ``jobs/<id>``; the commit comes last. A
+        crash before the commit leaves no job (the staging directory, or a ``jobs/<id>`` without a
+        row, is swept at the next start); after it, a whole one."""
         check_fits(request_from_spec(spec), self.capacity)
-        staging = os.path.join(self.jobs_dir, f".new-{uuid.uuid4().hex}")
-        os.makedirs(staging)
-        if trainer_blob is not None:
-            with open(os.path.join(staging, TRAINER_FILE), "wb") as f:
-                f.write(trainer_blob)
-        with self._lock:
-            job, created = self.store.add_job(
-                name=name, kind=spec["kind"], spec=spec, priority=priority, held=hold,
-                max_retries=max_retries, submission_id=submission_id,
-            )  # fmt: skip
-            if not created:
-                shutil.rmtree(staging, ignore_errors=True)
-                return job, False
-            os.replace(staging, self.job_dir(job.id))
-            self._write_spec(job)
-            self._requests[job.id] = request_of(job)
-            self._schedule()
+        digest = submission_digest(name=name, spec=spec, trainer_blob=trainer_blob, priority=priority, hold=hold,
+                                   max_retries=max_retries)  # fmt: skip
+        if submission_id is not None:
+            known = self.store.by_submission(submission_id)
+            if known is not None:
+                return self._resubmitted(known, submission_id, digest), False
+        staging = os.path.join(self.jobs_dir, f"{_STAGING_PREFIX}{uuid.uuid4().hex}")
+        state_files.make_dir(staging)
+        try:
+            if trainer_blob is not None:
+                write_atomic(os.path.join(staging, TRAINER_FILE), trainer_blob)
+            write_atomic(os.path.join(staging, SPEC_FILE), json.dumps(spec))
+            crash_point("submit:staged")
+
+            def place(job_id: int) -> None:
+                crash_point("submit:inserted")
+                final = self.job_dir(job_id)
+                if os.path.lexists(final):  # left by a job whose row was never committed: not this one's
+                    shutil.rmtree(final, ignore_errors=True)
+                os.replace(staging, final)
+                crash_point("submit:placed")
+
+            with self._lock:
+                job, created = self.store.add_job(
+                    name=name, kind=spec["kind"], spec=spec, priority=priority, held=hold,
+                    max_retries=max_retries, submission_id=submission_id, digest=digest, materialize=place,
+                )  # fmt: skip
+                crash_point("submit:committed")
+                if not created:  # the same key raced in from another request
+                    return self._resubmitted(job, submission_id, digest), False
+                self._requests[job.id] = request_of(job)
+                self._schedule()
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # gone already once placed
         return self.get(job.id), True
 
+    @staticmethod
+    def _resubmitted(job: st.JobRow, submission_id: str | None, digest: str) -> st.JobRow:
+        if job.submission_digest is not None and job.submission_digest != digest:
+            raise ConflictError(
+                f"submission_id {submission_id!r} was used for job {job.id} ({job.name}), which asked for something "
+                "else: a new job needs a new submission_id (the same one is only for retrying the same submission)"
+            )
+        return job
+
     def _write_spec(self, job: st.JobRow) -> None:
-        write_atomic(os.path.join(self.job_dir(job.id), SPEC_FILE), json.dumps(job.spec))
+        if os.path.isdir(self.job_dir(job.id)):  # else the job fails at its start, naming what is missing
+            write_atomic(os.path.join(self.job_dir(job.id), SPEC_FILE), json.dumps(job.spec))
 
     def get(self, job_id: int) -> st.JobRow:
         job = self.store.get(job_id)
@@ -407,6 +490,7 @@ class JobService:
             runner = self._runners.get(job_id)
             if job.state != st.STOPPING:
                 self.store.update(job_id, "stopping", {"grace_s": grace, "force": force}, state=st.STOPPING)
+                crash_point("stop:stopping")
         if runner is None:  # STARTING without a runner yet cannot happen under the lock; be safe
             self._kill_job(job_id)
             self._finish(job_id, None)
@@ -416,6 +500,7 @@ class JobService:
                 os.kill(runner.pid, signal.SIGINT)
             except ProcessLookupError:
                 pass
+            crash_point("stop:signalled")
         if force or not runner.done.wait(grace):
             self._kill_job(job_id, runner.pid)
         if not runner.done.wait(30.0):
@@ -594,10 +679,20 @@ class JobService:
     def _start(self, job_id: int, workers: int, grant: dict[str, float]) -> None:
         job = self.get(job_id)
         request = self._requests.pop(job_id)
-        want_gpus = int(round(grant.get("GPU", 0.0)))
+        missing = self._missing_files(job)
+        if missing is not None:  # never a 500 or a job left QUEUED with no reason: it fails, saying why
+            self._fail_broken(job_id, missing)
+            return
+        want_gpus = math.ceil(grant.get("GPU", 0.0) - 1e-9)  # a fractional grant (0.5) needs one GPU to use
         gpu_ids = [g for g in self._gpu_ids() if g not in self._gpu_owner][:want_gpus]
         job_dir = self.job_dir(job_id)
-        self._write_grant(job_id, request, workers)
+        try:
+            self._write_grant(job_id, request, workers)
+        except OSError as exc:  # a full disk, a state directory changed under the server
+            error = f"could not write the job's grant file: {exc}"
+            self.store.update(job_id, "ended", {"error": error}, state=st.FAILED, failure_class="infra", error=error,
+                              ended_at=time.time())  # fmt: skip
+            return
         if request.upper_workers > request.min_workers:
             self._shapes[job_id] = (request, workers)
         for stale in (EXIT_FILE, RESULT_FILE):
@@ -616,7 +711,10 @@ class JobService:
             state=st.STARTING, grant=grant, workers=workers, gpu_ids=gpu_ids, attempt=attempt,
             started_at=time.time(), ended_at=None, exit_code=None, error=None, failure_class=None, pid=None,
         )  # fmt: skip
+        crash_point("start:granted")
         env = dict(os.environ)
+        env.pop(constants.ENV_CRASH_AT, None)  # the server's fault injection is not the job's
+        env[constants.ENV_JOB_ATTEMPT] = str(attempt)
         env.update({str(k): str(v) for k, v in (job.spec.get("env") or {}).items()})
         env[constants.ENV_JOB_ID] = str(job_id)
         env[ENV_SERVER_ID] = self.server_id
@@ -643,6 +741,7 @@ class JobService:
             start_time: float | None = psutil.Process(popen.pid).create_time()
         except psutil.Error:
             start_time = None
+        crash_point("start:spawned")
         runner = _Runner(job_id, popen.pid, popen)
         self._runners[job_id] = runner
         self.store.update(job_id, "running", {"pid": popen.pid}, state=st.RUNNING, pid=popen.pid, pid_start_time=start_time)
@@ -651,7 +750,7 @@ class JobService:
     def _spawn_runner(self, job_dir: str, env: dict[str, str]) -> subprocess.Popen[bytes] | zygote.ZygoteChild:
         """The job's runner, in its own session, output to the job's log: forked from the warm zygote
         when it serves (its workers then are too), else a fresh ``python -m trainforge.server._runner``."""
-        with open(os.path.join(job_dir, OUTPUT_FILE), "ab") as out:
+        with state_files.open_append(os.path.join(job_dir, OUTPUT_FILE)) as out:
             path = self._zygote_path
             if path is not None and self._zygote is not None and self._zygote.poll() is None:
                 request = zygote.SpawnRequest(
@@ -705,6 +804,7 @@ class JobService:
         self._ingest(job_id)
         self._kill_job(job_id)
         outcome = _read_json(os.path.join(self.job_dir(job_id), EXIT_FILE))
+        crash_point("finish:read")
         with self._lock:
             job = self.get(job_id)
             runner = self._runners.pop(job_id, None)
@@ -858,7 +958,7 @@ class JobService:
             self._shapes[job_id] = (request, workers)
             self._grants[job_id] = grant
             fields: dict[str, Any] = {"workers": workers, "grant": grant}
-            keep = int(round(grant.get("GPU", 0.0)))
+            keep = math.ceil(grant.get("GPU", 0.0) - 1e-9)
             gpu_ids = [g for g, owner in self._gpu_owner.items() if owner == job_id]
             if len(gpu_ids) > keep:  # its workers use the first of its CUDA_VISIBLE_DEVICES: free the rest
                 ordered = [g for g in self.get(job_id).gpu_ids or [] if g in gpu_ids]

@@ -3,8 +3,11 @@
 One database file (``<state_dir>/state.db``), WAL mode with ``synchronous=NORMAL`` (a commit survives
 a crash of the server; only a power loss can roll back the last ones), ``busy_timeout`` 5 s. Every
 write goes through **one** connection behind a lock (one writer, as SQLite wants: concurrent
-writers on separate connections are what gives "database is locked" under bursts); reads use a
-connection per thread, which WAL lets run beside the writer.
+writers on separate connections are what gives "database is locked" under bursts); reads borrow one
+of at most ``READERS`` connections (:class:`_ReaderPool`), which WAL lets run beside the writer. A
+read holds its connection only while SQLite steps through the rows: however many threads read (the
+HTTP server's thread pool, SSE streams, the scheduler), the store never has more than ``READERS + 1``
+connections (and open files) to the database.
 
 Each change of a job is one transaction: the row's update and an ``events`` row with a monotonic
 ``seq``. ``seq`` is the id of the server-sent event that carries it, so a client that reconnects
@@ -15,12 +18,13 @@ serves anything.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 QUEUED = "QUEUED"
@@ -38,7 +42,13 @@ ACTIVE_STATES = (STARTING, RUNNING, STOPPING)  # a runner holds a grant
 TERMINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
 ALL_STATES = (QUEUED, HELD, STARTING, RUNNING, STOPPING, SUCCEEDED, FAILED, STOPPED, LOST)
 
-_SCHEMA_VERSION = 1
+# Reader connections at most. Each row SQLite steps through releases and retakes the GIL, so readers
+# at once mostly wait on each other for it: on 2 cores, 20 threads reading 50 jobs at once, each on a
+# connection of its own, read at half the rate of one thread; through 2 connections at 2/3 of it (1:
+# 7/8, but then one long read holds up every other). bench/bench_server.py --parts load: the server.
+READERS = 2
+
+_SCHEMA_VERSION = 2
 _MIGRATIONS = {
     1: """
     CREATE TABLE jobs (
@@ -77,6 +87,9 @@ _MIGRATIONS = {
     );
     CREATE INDEX events_job ON events(job_id, seq);
     """,
+    # What a submission asked for (a digest of its spec, name, priority, hold, retries and trainer), so a
+    # retried submission_id is recognised, and one reused for another job refused.
+    2: "ALTER TABLE jobs ADD COLUMN submission_digest TEXT",
 }
 
 
@@ -106,6 +119,7 @@ class JobRow:
     events_offset: int
     last_metrics: dict[str, Any] | None
     reports: int
+    submission_digest: str | None = None
 
     @classmethod
     def from_sql(cls, row: sqlite3.Row) -> JobRow:
@@ -135,14 +149,78 @@ _COLUMNS = {
 }  # fmt: skip
 
 
+class _ReaderPool:
+    """At most ``size`` connections from ``connect``, opened when first needed, one lent per
+    :meth:`lend`; a thread that finds them all lent waits for one. After :meth:`close`, lending
+    raises and a connection given back is closed."""
+
+    def __init__(self, connect: Callable[[], sqlite3.Connection], size: int):
+        if size < 1:
+            raise ValueError(f"a reader pool needs at least 1 connection, not {size}")
+        self._connect = connect
+        self.size = size
+        self.opened = 0  # connections open now, lent or idle
+        self.peak = 0  # the most ever open at once
+        self._idle: list[sqlite3.Connection] = []
+        self._cond = threading.Condition()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def lend(self) -> Iterator[sqlite3.Connection]:
+        conn = self._take()
+        try:
+            yield conn
+        finally:
+            self._give_back(conn)
+
+    def _take(self) -> sqlite3.Connection:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise sqlite3.ProgrammingError("Cannot operate on a closed database (the JobStore was closed).")
+                if self._idle:
+                    return self._idle.pop()
+                if self.opened < self.size:
+                    self.opened += 1  # this slot is ours: connect outside the lock
+                    self.peak = max(self.peak, self.opened)
+                    break
+                self._cond.wait()
+        try:
+            return self._connect()
+        except BaseException:
+            with self._cond:
+                self.opened -= 1
+                self._cond.notify()
+            raise
+
+    def _give_back(self, conn: sqlite3.Connection) -> None:
+        with self._cond:
+            if not self._closed:
+                self._idle.append(conn)
+                self._cond.notify()
+                return
+            self.opened -= 1
+        conn.close()
+
+    def close(self) -> None:
+        """Close the idle connections now, the lent ones when they come back; wake the waiters."""
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self.opened -= len(idle)
+            self._cond.notify_all()
+        for conn in idle:
+            conn.close()
+
+
 class JobStore:
     """Jobs and events in ``path`` (created and migrated on open). Thread-safe."""
 
-    def __init__(self, path: str, *, durable: bool = False):
+    def __init__(self, path: str, *, durable: bool = False, readers: int = READERS):
         self.path = path
         self._durable = durable
         self._write_lock = threading.Lock()
-        self._local = threading.local()
+        self.readers = _ReaderPool(self._connect, readers)
         self._last_seq = 0
         self._txn_seq = 0  # the highest event seq of the transaction under way (under _write_lock)
         self._writer = self._connect()
@@ -158,13 +236,16 @@ class JobStore:
         conn.execute("PRAGMA busy_timeout=5000")
         return conn
 
-    def _reader(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = self._connect()
-        return conn
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        """The rows of one query, on a borrowed reader connection (given back before they are parsed;
+        never one borrow inside another, which could wait forever for the pool)."""
+        with self.readers.lend() as conn:
+            return conn.execute(sql, args).fetchall()
 
     def close(self) -> None:
+        """Close every connection (a reader still lent closes when its read ends); reads and
+        writes after this raise ``sqlite3.ProgrammingError``."""
+        self.readers.close()
         with self._write_lock:
             self._writer.close()
 
@@ -222,9 +303,13 @@ class JobStore:
         held: bool = False,
         max_retries: int = 1,
         submission_id: str | None = None,
+        digest: str | None = None,
+        materialize: Callable[[int], None] | None = None,
     ) -> tuple[JobRow, bool]:
         """Insert a job (QUEUED, or HELD) and its ``submitted`` event. With a ``submission_id`` that
-        is already known, nothing is inserted: returns ``(that job, False)``."""
+        is already known, nothing is inserted: returns ``(that job, False)``. ``materialize(job_id)``
+        runs inside the transaction, after the insert and before the commit (the job's files are put
+        in place there): if it raises, or the process dies in it, the job was never committed."""
 
         def work(conn: sqlite3.Connection) -> tuple[int, bool]:
             if submission_id is not None:
@@ -233,12 +318,14 @@ class JobStore:
                     return int(row[0]), False
             state = HELD if held else QUEUED
             cur = conn.execute(
-                "INSERT INTO jobs(name, submission_id, kind, state, priority, spec, submitted_at, max_retries) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (name, submission_id, kind, state, priority, json.dumps(spec), time.time(), max_retries),
+                "INSERT INTO jobs(name, submission_id, kind, state, priority, spec, submitted_at, max_retries, "
+                "submission_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (name, submission_id, kind, state, priority, json.dumps(spec), time.time(), max_retries, digest),
             )
             job_id = int(cur.lastrowid or 0)
             self._event(conn, job_id, "submitted", {"state": state, "name": name, "priority": priority})
+            if materialize is not None:
+                materialize(job_id)
             return job_id, True
 
         job_id, created = self._transaction(work)
@@ -288,8 +375,8 @@ class JobStore:
 
     # -- reads ------------------------------------------------------------------------------------
     def get(self, job_id: int) -> JobRow | None:
-        row = self._reader().execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
-        return JobRow.from_sql(row) if row is not None else None
+        rows = self._read("SELECT * FROM jobs WHERE id=?", (job_id,))
+        return JobRow.from_sql(rows[0]) if rows else None
 
     def jobs(
         self,
@@ -322,14 +409,14 @@ class JobStore:
         sql += f" ORDER BY id {'DESC' if newest_first else 'ASC'}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        return [JobRow.from_sql(r) for r in self._reader().execute(sql, args)]
+        return [JobRow.from_sql(r) for r in self._read(sql, args)]
 
     def jobs_running_since(self, since: float, limit: int = 200) -> list[JobRow]:
         """Jobs that held resources at some point after ``since`` (started, and not ended before it),
         the latest started first."""
         sql = ("SELECT * FROM jobs WHERE started_at IS NOT NULL AND (ended_at IS NULL OR ended_at >= ?) "
                f"ORDER BY started_at DESC LIMIT {int(limit)}")  # fmt: skip
-        return [JobRow.from_sql(r) for r in self._reader().execute(sql, [since])]
+        return [JobRow.from_sql(r) for r in self._read(sql, [since])]
 
     def jobs_by_run_path(self, paths: Sequence[str]) -> dict[str, JobRow]:
         """For each of ``paths``, the job one of whose runs (its latest, or an earlier one's
@@ -342,9 +429,17 @@ class JobStore:
         sql = (f"SELECT run_path AS path, id FROM jobs WHERE run_path IN ({marks}) UNION "
                f"SELECT json_extract(payload, '$.run_path') AS path, job_id AS id FROM events "
                f"WHERE type = 'run_start' AND json_extract(payload, '$.run_path') IN ({marks}) ORDER BY id")  # fmt: skip
-        newest = {r["path"]: r["id"] for r in self._reader().execute(sql, [*paths, *paths])}
+        newest = {r["path"]: r["id"] for r in self._read(sql, [*paths, *paths])}
         jobs = {i: job for i in set(newest.values()) if (job := self.get(i)) is not None}
         return {path: jobs[i] for path, i in newest.items() if i in jobs}
+
+    def by_submission(self, submission_id: str) -> JobRow | None:
+        rows = self._read("SELECT * FROM jobs WHERE submission_id=?", (submission_id,))
+        return JobRow.from_sql(rows[0]) if rows else None
+
+    def ids(self) -> set[int]:
+        """Every job's id."""
+        return {int(r[0]) for r in self._read("SELECT id FROM jobs")}
 
     def count(self, states: Sequence[str] | None = None) -> int:
         sql = "SELECT COUNT(*) FROM jobs"
@@ -352,7 +447,7 @@ class JobStore:
         if states:
             sql += f" WHERE state IN ({','.join('?' * len(states))})"
             args.extend(states)
-        return int(self._reader().execute(sql, args).fetchone()[0])
+        return int(self._read(sql, args)[0][0])
 
     @property
     def last_seq(self) -> int:
@@ -367,5 +462,5 @@ class JobStore:
         sql += f" ORDER BY seq LIMIT {int(limit)}"
         return [
             Event(r["seq"], r["job_id"], r["ts"], r["type"], json.loads(r["payload"]))
-            for r in self._reader().execute(sql, args)
+            for r in self._read(sql, args)
         ]

@@ -10,6 +10,7 @@ const TERMINAL = new Set(["SUCCEEDED", "FAILED", "STOPPED"]);
 
 async function api(method, path, body) {
   const init = { method, credentials: "same-origin", headers: {} };
+  if (body === undefined && method !== "GET" && method !== "DELETE") body = {}; // state changes are JSON only
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
@@ -49,7 +50,7 @@ async function act(button) {
   try {
     let job;
     if (what === "stop") job = await api("POST", `/jobs/${id}/stop`, {});
-    else if (what === "retry") job = await api("POST", `/jobs/${id}/retry`);
+    else if (what === "retry") job = await api("POST", `/jobs/${id}/retry`, {});
     else if (what === "hold") job = await api("PATCH", `/jobs/${id}`, { hold: true });
     else if (what === "release") job = await api("PATCH", `/jobs/${id}`, { hold: false });
     else if (what === "priority") {
@@ -149,11 +150,15 @@ function asNumber(v) {
 class Charts {
   // Each key's series as three aligned columns: last, min, max. Loaded from the server's buckets
   // (/series: min/max keep a spike visible however long the run), then raw reports appended live
-  // (min = max = last for those).
+  // (min = max = last for those). Each point belongs to a segment (a job attempt, a run, a restart:
+  // /series' "segments", then the run_start and restart events): the lines break between two
+  // segments and the break is labelled, so a requeued job's repeated steps never join the first ones.
   constructor(box) {
     this.box = box;
     this.steps = [];
     this.times = [];
+    this.segments = []; // {run, job_attempt, attempt}, numbered as the server numbers them
+    this.segOf = []; // the segment of each point
     this.count = 0; // reports so far (the step index of the next one)
     this.series = new Map(); // key -> {last, min, max}
     this.banded = false; // some bucket holds more than one report: draw min/max faintly
@@ -184,6 +189,8 @@ class Charts {
     const first = keys.length ? s.series[keys[0]] : { i: [], t: [] };
     this.steps = [...first.i];
     this.times = first.t.map((t) => t ?? null);
+    this.segments = s.segments || [];
+    this.segOf = first.segment ? [...first.segment] : first.i.map(() => 0);
     this.count = s.n;
     this.banded = s.n > first.i.length;
     for (const key of keys) {
@@ -193,10 +200,20 @@ class Charts {
     this.schedule();
   }
 
+  // A run_start (job_attempt from the event) or a restart (attempt) begins the next segment.
+  segment(ev) {
+    const last = this.segments[this.segments.length - 1] || {};
+    this.segments.push(ev.type === "restart"
+      ? { run: last.run ?? null, job_attempt: last.job_attempt ?? null, attempt: ev.attempt }
+      : { run: ev.name ?? null, job_attempt: ev.job_attempt ?? null, attempt: 0 });
+  }
+
   add(metrics, t) {
     const n = this.steps.length;
+    if (!this.segments.length) this.segments.push({ run: null, job_attempt: null, attempt: 0 });
     this.steps.push(this.count);
     this.times.push(t);
+    this.segOf.push(this.segments.length - 1);
     this.count += 1;
     for (const [key, raw] of Object.entries(metrics || {})) {
       const v = asNumber(raw);
@@ -224,6 +241,7 @@ class Charts {
     const out = new Array(values.length);
     let acc = null;
     for (let i = 0; i < values.length; i++) {
+      if (i > 0 && this.segOf[i] !== this.segOf[i - 1]) acc = null; // each segment smoothed on its own
       const v = values[i];
       if (v === null) { out[i] = acc; continue; }
       acc = acc === null ? v : acc * this.smooth + v * (1 - this.smooth);
@@ -250,6 +268,7 @@ class Charts {
     const empty = document.getElementById("nometrics");
     if (this.series.size && empty) empty.remove();
     const xs = this.x === "time" ? this.times : this.steps;
+    const cuts = this.cuts();
     for (const [group, keys] of this.groups()) {
       let chart = this.charts.get(group);
       if (chart && (chart.keys.join() !== keys.join() || chart.layout !== this.layout())) {
@@ -267,7 +286,9 @@ class Charts {
         const smoothed = this.ema(c.last);
         if (smoothed) data.push(smoothed);
       }
-      chart.plot.setData(data, !chart.zoomed); // a zoom survives live updates
+      chart.marks = cuts.map((j) => ({ x: gapAt(xs, j), label: this.label(j) }));
+      chart.el.dataset.segments = chart.marks.map((m) => m.label).join("|");
+      chart.plot.setData(withGaps(data, cuts), !chart.zoomed); // a zoom survives live updates
       chart.stale = false;
       chart.el.querySelector(".last").textContent = keys.map((k) => {
         const v = this.series.get(k).last;
@@ -306,7 +327,7 @@ class Charts {
       if (this.smooth) series.push({ label: `${key} (smoothed)`, stroke: color, width: 2 });
     });
     const width = Math.max(320, Math.min(640, this.box.clientWidth - 16));
-    const chart = { el, keys, zoomed: false, stale: false, plot: null, layout: this.layout() };
+    const chart = { el, keys, zoomed: false, stale: false, plot: null, layout: this.layout(), marks: [] };
     const opts = {
       width, height: 220, series,
       scales: { x: { time: this.x === "time" }, y: this.log ? { distr: 3 } : {} },
@@ -317,7 +338,7 @@ class Charts {
         if (u.select.width <= 0) return;
         chart.zoomed = true;
         this.refine(chart, u.posToVal(u.select.left, "x"), u.posToVal(u.select.left + u.select.width, "x"));
-      }] },
+      }], draw: [(u) => drawMarks(u, chart.marks)] },
     };
     chart.plot = new uPlot(opts, series.map(() => []), el);
     el.addEventListener("dblclick", () => { chart.zoomed = false; this.schedule(); }); // uPlot resets the zoom
@@ -351,6 +372,7 @@ class Charts {
     const count = b - a + 1;
     this.steps.splice(a, count, ...first.i);
     this.times.splice(a, count, ...first.t.map((t) => t ?? null));
+    this.segOf.splice(a, count, ...(first.segment || first.i.map(() => this.segOf[a])));
     const empty = new Array(first.i.length).fill(null);
     for (const [key, c] of this.series) {
       const f = s.series[key] || { last: empty, min: empty, max: empty };
@@ -362,11 +384,76 @@ class Charts {
     this.schedule();
   }
 
+  // The indices of the points that begin a segment (the first point aside).
+  cuts() {
+    const cuts = [];
+    for (let j = 1; j < this.segOf.length; j++) if (this.segOf[j] !== this.segOf[j - 1]) cuts.push(j);
+    return cuts;
+  }
+
+  // What began at point j: the run restarted (its restart count), the job's next attempt, or a run.
+  label(j) {
+    const was = this.segments[this.segOf[j - 1]] || {};
+    const now = this.segments[this.segOf[j]] || {};
+    if (now.attempt > 0) return `restart ${now.attempt}`;
+    if (now.job_attempt != null && now.job_attempt !== was.job_attempt) return `attempt ${now.job_attempt}`;
+    return `run ${now.run}`;
+  }
+
   rebuild() {
     for (const chart of this.charts.values()) { chart.plot.destroy(); chart.el.remove(); }
     this.charts.clear();
     this.schedule();
   }
+}
+
+// Where a chart breaks between points j-1 and j: halfway.
+function gapAt(xs, j) {
+  const a = xs[j - 1] ?? xs[j];
+  const b = xs[j] ?? a;
+  return (a + b) / 2;
+}
+
+// uPlot's data with a null point at each cut (halfway between the points either side): with spanGaps
+// off, every line breaks there.
+function withGaps(data, cuts) {
+  if (!cuts.length) return data;
+  const xs = data[0];
+  return data.map((column, k) => {
+    const out = [];
+    let from = 0;
+    for (const j of cuts) {
+      for (let i = from; i < j; i++) out.push(column[i]);
+      out.push(k === 0 ? gapAt(xs, j) : null);
+      from = j;
+    }
+    for (let i = from; i < column.length; i++) out.push(column[i]);
+    return out;
+  });
+}
+
+// A dashed line at each break, labelled with what began there ("attempt 2", "restart 1").
+function drawMarks(u, marks) {
+  if (!marks || !marks.length) return;
+  const ctx = u.ctx;
+  const { top, height, left, width } = u.bbox;
+  ctx.save();
+  ctx.strokeStyle = "#888";
+  ctx.fillStyle = "#666";
+  ctx.setLineDash([4, 4]);
+  ctx.font = `${Math.round(11 * devicePixelRatio)}px sans-serif`;
+  ctx.textAlign = "left";
+  ctx.textBaseline = "top";
+  for (const { x, label } of marks) {
+    const px = Math.round(u.valToPos(x, "x", true));
+    if (px < left || px > left + width) continue;
+    ctx.beginPath();
+    ctx.moveTo(px, top);
+    ctx.lineTo(px, top + height);
+    ctx.stroke();
+    ctx.fillText(label, px + 3 * devicePixelRatio, top + 2 * devicePixelRatio);
+  }
+  ctx.restore();
 }
 
 async function refreshJob() {
@@ -545,8 +632,8 @@ function jobPage() {
     charts.load(s);
     follow(`/jobs/${id}/stream?offset=${s.next_offset}`, {
       report: (ev) => charts.add(ev.metrics, ev.t),
-      run_start: changed,
-      restart: changed,
+      run_start: (ev) => { charts.segment(ev); changed(); },
+      restart: (ev) => { charts.segment(ev); changed(); },
       run_end: changed,
       end: (job, ev) => { changed(); ev.target.close(); },
     });
