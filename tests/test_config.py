@@ -241,7 +241,7 @@ def test_local_worker_specs_cpu(monkeypatch):
         assert env["MASTER_ADDR"] == "127.0.0.1"
         assert env["TORCHELASTIC_RESTART_COUNT"] == "1"
         assert env["OMP_NUM_THREADS"] == "2"
-        assert "CUDA_VISIBLE_DEVICES" not in env
+        assert env["CUDA_VISIBLE_DEVICES"] == ""  # no GPU share: it sees none, as a Ray actor would
         assert spec.gpu_ids == []
 
 

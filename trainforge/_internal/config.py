@@ -47,7 +47,8 @@ class ScalingConfig:
 
     ``use_gpu=True`` gives each worker one GPU unless ``resources_per_worker["GPU"]`` says otherwise
     (fractions share a GPU between workers). Each worker gets its own ``CUDA_VISIBLE_DEVICES`` (on
-    Ray: the GPUs Ray assigned to it).
+    Ray: the GPUs Ray assigned to it); a worker without a GPU share gets an empty one and sees no GPU,
+    as on Ray, so ``use_gpu=False`` trains on the CPU on a GPU machine too.
 
     ``executor`` (trainforge extension) says where the workers run:
 

@@ -82,8 +82,9 @@ def worker_env(spec: WorkerSpec, attempt: int, master_addr: str, scaling: Scalin
     # Like Ray Train and torchrun: one intra-op thread per reserved CPU unless the user chose.
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(max(1, int(scaling.cpus_per_worker)))
-    if scaling.gpus_per_worker > 0:
-        env[constants.ENV_CUDA_VISIBLE_DEVICES] = ",".join(spec.gpu_ids)
+    # Its GPUs only; none for a worker without a GPU share (as Ray hides them from such an actor), so
+    # use_gpu=False trains on the CPU, and picks gloo, on a GPU machine too.
+    env[constants.ENV_CUDA_VISIBLE_DEVICES] = ",".join(spec.gpu_ids) if scaling.gpus_per_worker > 0 else ""
     return env
 
 

@@ -352,18 +352,24 @@ class ManagedRunner:
             raise ValueError(
                 f"{type(model).__name__} registered no optimizer: register(models=..., optimizers=...) in setup()."
             )
+        current = amp.current()
+        scaler = current.scaler if current is not None else None
         clip = self.lc.grad_clip_norm
         if clip is not None:
-            current = amp.current()
-            if current is not None and current.scaler is not None:
+            if scaler is not None:
                 for opt in model.optimizers:
-                    current.scaler.unscale_(opt)
+                    scaler.unscale_(opt)
             params = [p for opt in model.optimizers for group in opt.param_groups for p in group["params"]]
             torch.nn.utils.clip_grad_norm_(params, clip)
         for opt in model.optimizers:
             model.on_before_optimizer_step(opt)
-        for opt in self.optimizers:
-            opt.step()
+        if scaler is None:
+            for opt in self.optimizers:
+                opt.step()
+        else:  # every optimizer through the scaler, then one update: the scale of the step just taken
+            for opt in model.optimizers:
+                scaler.step(opt)
+            scaler.update()
         for opt in model.optimizers:
             opt.zero_grad(set_to_none=True)
         self.state.optimizer_steps += 1

@@ -300,8 +300,15 @@ class Model:
     # -- where it runs ----------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        """This worker's device (the CPU outside the managed loop)."""
-        return self._tf_ctx.device if self._tf_ctx is not None else torch_module().device("cpu")
+        """This worker's device; outside the managed loop, where the registered network's weights are
+        (the CPU after :meth:`load`; ``cuda:0`` once moved there), so ``preprocess`` can put inputs
+        beside them."""
+        if self._tf_ctx is not None:
+            return self._tf_ctx.device
+        for module in self._models:
+            for param in unwrap(module).parameters():
+                return param.device
+        return torch_module().device("cpu")
 
     @property
     def world_rank(self) -> int:

@@ -6,6 +6,7 @@ torch; the functions run on workers import it when they run.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -13,11 +14,15 @@ from typing import Any
 
 from trainforge._internal.backend import Backend, BackendConfig
 from trainforge._internal.constants import (
+    ENV_CUDA_VISIBLE_DEVICES,
     ENV_LOCAL_RANK,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
     ENV_RANK,
 )
+from trainforge._internal.exceptions import WorkerGroupError
+
+logger = logging.getLogger("trainforge")
 
 TORCH_BACKENDS = (None, "gloo", "nccl")
 INIT_METHODS = ("env", "tcp")
@@ -31,11 +36,12 @@ class TorchConfig(BackendConfig):
 
         TorchTrainer(train_loop, torch_config=TorchConfig(backend="gloo", timeout_s=600), ...)
 
-    ``backend``: ``"nccl"`` or ``"gloo"``; ``None`` picks ``"nccl"`` on workers that have a GPU and
-    ``"gloo"`` otherwise. ``init_method``: ``"env"`` or ``"tcp"`` (Ray Train's names); either way the
-    workers rendezvous at a TCP store that rank 0 opens before the others join, and ``MASTER_ADDR`` /
-    ``MASTER_PORT`` (its address) are set on every worker. ``timeout_s``: seconds a collective may
-    wait before it fails.
+    ``backend``: ``"nccl"`` or ``"gloo"``; ``None`` picks ``"nccl"`` when every worker has a GPU of
+    its own and ``"gloo"`` otherwise (CPU workers, or workers that share a GPU by a fractional
+    ``resources_per_worker={"GPU": 0.5}``, which NCCL refuses; gloo takes CUDA tensors too).
+    ``init_method``: ``"env"`` or ``"tcp"`` (Ray Train's names); either way the workers rendezvous at a
+    TCP store that rank 0 opens before the others join, and ``MASTER_ADDR`` / ``MASTER_PORT`` (its
+    address) are set on every worker. ``timeout_s``: seconds a collective may wait before it fails.
     """
 
     backend: str | None = None
@@ -74,13 +80,21 @@ class _TorchBackend(Backend):
     def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, TorchConfig)
         timeout_s = backend_config.timeout_s
+        backend = backend_config.backend
+        if backend != "gloo":  # nccl needs a GPU of its own on every rank: ask each which it would use
+            try:
+                backend, why = choose_backend(backend, worker_group.execute(_gpu_identity))
+            except RuntimeError as exc:  # a failure of this attempt, as when a worker could not join
+                raise WorkerGroupError(str(exc)) from exc
+            if why:
+                logger.info("TorchConfig(backend=None): using %s: %s", backend, why)
         hostname, node_ip, port = worker_group.execute_single(0, _rank0_address_and_port, timeout_s)
         addr = "127.0.0.1" if _all_on_host(worker_group, hostname) else _rank0_node_ip(worker_group, node_ip)
         worker_group.execute(
             _setup_process_group,
             addr,
             port,
-            backend_config.backend,
+            backend,
             worker_group.num_workers,
             backend_config.timeout_s,
             backend_config.init_method,
@@ -88,6 +102,47 @@ class _TorchBackend(Backend):
 
     def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
         worker_group.execute(_shutdown)
+
+
+def choose_backend(requested: str | None, gpus: list[tuple[str, str | None]]) -> tuple[str, str]:
+    """The process group's backend for ``requested`` (None or ``"nccl"``), given the GPU each rank
+    would use (``(hostname, GPU id)``, the id None on a rank without CUDA; see :func:`_gpu_identity`),
+    and why None did not give nccl (empty when it did). NCCL needs a GPU of its own on every rank: two
+    ranks on one GPU (a fractional ``resources_per_worker={"GPU": 0.5}``) fail in its first collective
+    ("Duplicate GPU detected"), and ranks that resolve different backends wait for each other forever.
+    None therefore picks gloo (which takes CUDA tensors too) unless every rank has a GPU of its own;
+    an explicit ``"nccl"`` that cannot work raises RuntimeError saying what to change."""
+    without = [rank for rank, (_, gpu) in enumerate(gpus) if gpu is None]
+    owner: dict[tuple[str, str | None], int] = {}
+    shared: tuple[int, int, str] | None = None
+    for rank, (host, gpu) in enumerate(gpus):
+        if gpu is not None and shared is None:
+            first = owner.setdefault((host, gpu), rank)
+            if first != rank:
+                shared = (first, rank, gpu)
+    if requested == "nccl":
+        if without:
+            raise RuntimeError(
+                f"TorchConfig(backend='nccl') needs a GPU on every worker, but rank(s) {without} see none "
+                "(torch.cuda.is_available() is False there). Use ScalingConfig(use_gpu=True), or "
+                "TorchConfig(backend='gloo') for CPU."
+            )
+        if shared is not None:
+            a, b, gpu = shared
+            raise RuntimeError(
+                f"TorchConfig(backend='nccl') needs a GPU of its own for every worker, but ranks {a} and {b} share "
+                f"GPU {gpu} (a fractional resources_per_worker['GPU'] packs workers onto one GPU), which NCCL "
+                "refuses. Use TorchConfig(backend='gloo') (or None, which picks it), or one whole GPU per worker."
+            )
+        return "nccl", ""
+    if not gpus or len(without) == len(gpus):
+        return "gloo", ""
+    if without:
+        return "gloo", f"rank(s) {without} have no GPU"
+    if shared is not None:
+        a, b, gpu = shared
+        return "gloo", f"ranks {a} and {b} share GPU {gpu}, and NCCL needs a GPU of its own for each rank"
+    return "nccl", ""
 
 
 def _all_on_host(worker_group: Any, hostname: str) -> bool:
@@ -121,6 +176,21 @@ def _node_ip() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def _gpu_identity() -> tuple[str, str | None]:
+    """``(hostname, GPU)``: the GPU this worker's process group would use (its UUID, else its
+    ``CUDA_VISIBLE_DEVICES`` entry), None without CUDA (see :func:`choose_backend`)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return socket.gethostname(), None
+    index = int(os.environ.get(ENV_LOCAL_RANK, "0")) % torch.cuda.device_count()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    if uuid is not None:  # nvidia-smi's form: GPU-<uuid>
+        return socket.gethostname(), "GPU-" + str(uuid).removeprefix("GPU-")
+    visible = [g.strip() for g in os.environ.get(ENV_CUDA_VISIBLE_DEVICES, "").split(",") if g.strip()]
+    return socket.gethostname(), visible[index] if index < len(visible) else str(index)
 
 
 def _free_port() -> int:
