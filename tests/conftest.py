@@ -6,17 +6,30 @@ started before the test's process snapshot. Tests that use Ray run after all the
 other test sees a Ray connection, which makes ``executor="auto"`` choose Ray), then the multi-node
 tests (test_ray_cluster.py, a ``ray.cluster_utils.Cluster``).
 
-``chromium`` (session) and ``page`` drive Debian's headless Chromium through Playwright (browser.py).
+``chromium`` (session) and ``page`` drive Debian's headless Chromium through Playwright
+(trainforge/_testing/browser.py).
 Tests that use them run last of all: Playwright's sync API leaves an asyncio loop running in the main
 thread from the browser's start to the session's end, and ``asyncio.run()`` refuses to run then.
+
+Lanes (scripts/test.sh): the collection hook marks the tests that use Ray or the browser ``ray`` /
+``browser`` and both ``serial``: they keep that order in a lane of their own (``pytest -m serial``,
+one process), while the rest run on parallel xdist workers (``pytest -n N -m "not serial"``).
+``quick`` marks the unit tests of the edit loop (``scripts/test.sh --quick``): not ``slow``, not
+serial, and not in a module of real multi-process runs (``SLOW_MODULES``).
+
+Processes: every test fails if it leaves a child process behind (``_no_leftover_processes``, per
+process, so per xdist worker). The run tags its environment (``$TRAINFORGE_TEST_RUN``, inherited by
+all it starts); at the end the controller kills and names any tagged process still alive.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-import psutil
 import pytest
+
+from trainforge._testing import procs
 
 # Ray turns a 127.0.0.1 node address into the machine's reachable IP unless clusters are "disabled";
 # with this, every Ray process of the tests binds to 127.0.0.1 only.
@@ -85,7 +98,46 @@ def _uses_browser(item: pytest.Item) -> bool:
     return "chromium" in getattr(item, "fixturenames", ())  # ``page`` uses it too
 
 
+# Out of the quick layer (``scripts/test.sh --quick``, <= 3 min), like the tests marked ``slow``: tests
+# that start real processes (a trainer's workers, a server, a driver script, an S3 server) or take
+# seconds. A test is out if it uses one of SLOW_FIXTURES, is in one of SLOW_MODULES (their tests are
+# mostly such runs) or is named in SLOW_TESTS. A new module of real runs goes in SLOW_MODULES (or marks
+# its tests ``slow``); `pytest -m quick --durations=20` shows what the quick layer spends its time on.
+SLOW_FIXTURES = frozenset({"executor", "train_server", "bucket", "moto_endpoint"})
+SLOW_MODULES = frozenset({"test_console", "test_failures", "test_gpu_readiness", "test_local_e2e", "test_ray_executor",
+                          "test_recovery", "test_server_cli", "test_sinks", "test_storage_faults"})  # fmt: skip
+SLOW_TESTS = frozenset({
+    "test_stateful_sequences_follow_the_schema",  # test_server_api: 100 scenarios, ~40 s
+    "test_register_a_trained_model_and_load_it_in_one_call",  # test_registry: real fits and CLI runs
+    "test_models_uri_is_a_checkpoint_for_trainers_and_tuners",
+    "test_cli_register_list_alias_delete_push_pull",
+    "test_concurrent_registers_and_alias_moves_on_local_disk",
+})  # fmt: skip
+
+
+def _quick(item: pytest.Item) -> bool:
+    return (
+        item.get_closest_marker("slow") is None
+        and item.module.__name__ not in SLOW_MODULES
+        and getattr(item, "originalname", item.name) not in SLOW_TESTS
+        and not SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers it adds
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        serial = False
+        if _uses_ray(item):
+            item.add_marker(pytest.mark.ray)
+            serial = True
+        if _uses_browser(item):
+            item.add_marker(pytest.mark.browser)
+            serial = True
+        if serial:
+            item.add_marker(pytest.mark.serial)
+        elif _quick(item):
+            item.add_marker(pytest.mark.quick)
     browser = [i for i in items if _uses_browser(i)]
     cluster = [i for i in items if "cluster" in getattr(i, "fixturenames", ()) and i not in browser]
     ray_tests = [i for i in items if _uses_ray(i) and i not in cluster and i not in browser]
@@ -167,48 +219,11 @@ def _isolated_storage(tmp_path, monkeypatch):
     yield
 
 
-# Ray's daemons and agents, and the cluster-wide helper actors Ray Data starts once and keeps.
-_RAY_SYSTEM_NAMES = ("ray::IDLE", "raylet", "gcs_server", "ray::DashboardAgent", "ray::RuntimeEnvAgent",
-                     "ray::_StatsActor", "ray::_AutoscalingCoordinatorActor", "ray::_Autoscali", "ray::_StatsActo")
-_RAY_SYSTEM_SCRIPTS = ("ray/_private/workers/default_worker.py", "ray/dashboard/", "ray/_private/log_monitor.py",
-                       "ray/autoscaler/", "ray_process_reaper")  # fmt: skip
-
-
-def _ray_system_process(p: psutil.Process) -> bool:
-    """A process of Ray's own that may come and go between tests: an idle pooled worker (or one
-    starting up), a node's daemon or agent. Actors (named ``ray::ClassName...``) are not."""
-    try:
-        name, cmd = p.name(), " ".join(p.cmdline())
-    except psutil.Error:
-        return True
-    if name in _RAY_SYSTEM_NAMES or cmd.startswith(_RAY_SYSTEM_NAMES):
-        return True
-    return any(script in cmd for script in _RAY_SYSTEM_SCRIPTS)
-
-
-def _describe(p: psutil.Process) -> tuple:
-    try:
-        return (p.pid, p.name(), p.cmdline())
-    except psutil.Error:
-        return (p.pid, "gone")
-
-
 @pytest.fixture(scope="session")
 def _session_process_roots() -> set[int]:
     """Pids of the process trees that session fixtures keep for the whole run (the ``chromium``
     fixture's Playwright driver); ``_no_leftover_processes`` ignores them and all their descendants."""
     return set()
-
-
-def _trees(roots: set[int]) -> set[int]:
-    """The pids of ``roots`` and of all their descendants still there."""
-    pids = set()
-    for pid in roots:
-        try:
-            pids |= {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
-        except psutil.NoSuchProcess:
-            pass
-    return pids
 
 
 @pytest.fixture(autouse=True)
@@ -218,20 +233,31 @@ def _no_leftover_processes(_session_process_roots):
     The session browser's processes are not a test's: pytest sets session fixtures up before this
     snapshot, but Chromium starts renderers as pages open and reaps them (or keeps a spare) when it
     likes, so no snapshot tells them apart; the tree under a session root (its Playwright driver) does.
+    Per process: under xdist each worker checks its own tests.
     """
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = procs.child_pids()
     yield
-    leftover = [
-        p for p in psutil.Process().children(recursive=True) if p.pid not in before and not _ray_system_process(p)
-    ]
-    owned = _trees(_session_process_roots)  # listed after: a process seen above is still in its tree
-    leftover = [p for p in leftover if p.pid not in owned]
-    if not leftover:
+    alive = procs.leftover_children(before, _session_process_roots)
+    assert not alive, f"test left processes behind: {alive}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    procs.tag_run(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The controller (or a run without xdist), once its workers are gone: any process of this run
+    still alive outlived its test unseen (an orphan, not a child when its test ended): named, killed."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None:
         return
-    gone, alive = psutil.wait_procs(leftover, timeout=5)
-    for p in alive:
-        p.kill()
-    assert not alive, f"test left processes behind: {[_describe(p) for p in alive]}"
+    tag = os.environ[procs.RUN_ENV]
+    left = procs.tagged_processes(tag)
+    if left:
+        alive = procs.wait_until_gone([p.pid for p in left], timeout=5)
+        named = [procs.describe(p, 200) for p in left if p.pid in alive]
+        procs.kill_procs(p for p in left if p.pid in alive)
+        if named:
+            print(f"\nprocesses of this test run outlived it (killed now): {named}", file=sys.stderr)
 
 
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
@@ -243,9 +269,9 @@ def train_server(tmp_path, monkeypatch):
     find through $TRAINFORGE_SERVER_DIR; fails the test if a job process outlives it (the server
     keeps jobs running when it stops, so every test must have ended or stopped them)."""
     pytest.importorskip("fastapi")
-    from serverutil import ServerProc
+    from trainforge._testing.server import TrainServer
 
-    server = ServerProc(str(tmp_path / "server")).start()
+    server = TrainServer(str(tmp_path / "server")).start()
     monkeypatch.setenv("TRAINFORGE_SERVER_DIR", server.state_dir)
     yield server
     left = server.cleanup()
@@ -256,11 +282,11 @@ def train_server(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def chromium(_session_process_roots):
     """Debian's headless Chromium, driven by Playwright's sync API, for the whole session: a
-    ``playwright.sync_api.Browser`` (see browser.py). Errors with the fix, never skips, when Playwright
+    ``playwright.sync_api.Browser`` (see trainforge/_testing/browser.py). Errors with the fix, never skips, when Playwright
     or /usr/bin/chromium is missing. From its start on, the main thread has a running asyncio loop
     (Playwright's) and ``asyncio.run()`` fails: tests that use it run after all others, and must not
     call ``asyncio.run()`` themselves (drive the server in a subprocess, e.g. ``train_server``)."""
-    from browser import BrowserSession
+    from trainforge._testing.browser import BrowserSession
 
     session = BrowserSession.start()
     _session_process_roots.add(session.driver_pid)
@@ -272,8 +298,8 @@ def chromium(_session_process_roots):
 @pytest.fixture
 def page_errors():
     """The ``page`` fixture's record of the page's errors: ``page_errors.allow("status of 401")`` lets a
-    test expect one (see browser.PageErrors)."""
-    from browser import PageErrors
+    test expect one (see trainforge._testing.browser.PageErrors)."""
+    from trainforge._testing.browser import PageErrors
 
     return PageErrors()
 
@@ -283,7 +309,7 @@ def page(chromium, page_errors):
     """A fresh page (its own context) in the session's Chromium; fails the test at teardown if the page
     logged a ``console.error`` (a failed load included), threw an uncaught exception or crashed, listing
     them, unless the test allowed them with ``page_errors.allow(regex)``."""
-    from browser import open_page
+    from trainforge._testing.browser import open_page
 
     with open_page(chromium, page_errors) as page:
         yield page

@@ -1,6 +1,7 @@
 """Real-browser helpers: Debian's Chromium driven by Playwright's sync API.
 
-conftest.py builds the ``chromium`` (session) and ``page`` fixtures from these. Playwright's own browser
+tests/conftest.py builds the ``chromium`` (session) and ``page`` fixtures from these, and
+bench/bench_dashboard.py drives its pages with them. Playwright's own browser
 download is never used (it cannot be fetched on CI): tests launch ``/usr/bin/chromium``, which
 ``bash scripts/setup.sh dev`` installs. Playwright is imported lazily, so a checkout without it still
 collects; a test that needs the browser then errors with the fix (never a skip).
