@@ -1,7 +1,8 @@
 """Train a ``trainforge.model.Model`` on scikit-learn's handwritten digits with the managed loop, then
 use the same object for inference, save it and load it back.
 
-    python examples/model_digits.py --num-workers 2 --epochs 5 [--fp16]
+    python examples/model_digits.py --num-workers 2 --epochs 5 [--fp16] [--register NAME [--alias ALIAS]]
+    python examples/model_digits.py --tune 8 --register NAME       # the best of 8 trials (ASHA)
 
 ``DigitsModel`` carries everything about the model: ``setup`` builds and registers the network, its
 optimizer, loss and learning-rate scheduler; ``setup_data`` the loaders (``config[BATCH_SIZE]`` is
@@ -11,6 +12,13 @@ inputs and logits into digits; ``hyperparameter_space`` is what ``Tuner(DigitsMo
 weighted by samples; ``--fp16``: bfloat16 autocast on the CPU, float16 with a gradient scaler on a
 GPU; a checkpoint every epoch; with ``--max-failures`` a crashed worker restarts from the latest).
 ``trainer.get_model()`` is the trained model on the CPU: ``model(images)`` predicts digits.
+
+``--tune N`` searches ``hyperparameter_space()`` with N trials instead (ASHA stops the poor ones
+early; on a train server when one runs, each trial a job) and goes on with the best trial's model.
+``--register NAME`` registers the result (the run's, or the best trial's) in the model registry
+(``$TRAINFORGE_REGISTRY``, else ``~/trainforge/registry``), ``--alias`` pointing an alias at it. Run
+as a script, ``DigitsModel`` is defined in ``__main__``, so it is saved by value with the model:
+``trainforge serve`` loads it from any directory, with no import path.
 """
 
 from __future__ import annotations
@@ -68,6 +76,23 @@ class DigitsModel(Model):
         return {"lr": tune.loguniform(1e-4, 1e-2)}
 
 
+def tune_lr(trainer: ModelTrainer, num_samples: int, epochs: int, storage_path: str | None):
+    """The best of ``num_samples`` trials of ``trainer`` over ``DigitsModel.hyperparameter_space()``."""
+    from trainforge import tune
+    from trainforge.tune import TuneConfig, Tuner
+    from trainforge.tune.schedulers import ASHAScheduler
+
+    grid = Tuner(
+        trainer,  # no param_space: the model's hyperparameter_space() is searched
+        tune_config=TuneConfig(metric="val_accuracy", mode="max", num_samples=num_samples,
+                               scheduler=ASHAScheduler(max_t=epochs, grace_period=1, reduction_factor=2)),
+        run_config=tune.RunConfig(storage_path=storage_path),
+    ).fit()  # fmt: skip
+    best = grid.get_best_result()
+    print(f"best of {len(grid)} trials: lr={best.config['train_loop_config']['lr']:.2e}")
+    return best
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-workers", type=int, default=2)
@@ -80,7 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--storage-path", default=None, help="where runs are kept (default ~/trainforge_results)"
     )
+    parser.add_argument("--tune", type=int, default=0, metavar="N", help="tune lr over N trials (ASHA)")
+    parser.add_argument("--register", default=None, metavar="NAME", help="register the model as NAME")
+    parser.add_argument("--alias", default=None, help="with --register: point this alias at the new version")
     args = parser.parse_args(argv)
+    if args.alias and not args.register:
+        parser.error("--alias needs --register NAME")
 
     trainer = ModelTrainer(
         DigitsModel,
@@ -93,13 +123,24 @@ def main(argv: list[str] | None = None) -> int:
             failure_config=FailureConfig(max_failures=args.max_failures),
         ),
     )
-    result = trainer.fit()
+    if args.tune:
+        result = tune_lr(trainer, args.tune, args.epochs, args.storage_path)
+        model = DigitsModel.from_checkpoint(result.checkpoint)  # the best trial's model, on the CPU
+    else:
+        result = trainer.fit()
+        model = trainer.get_model()  # the trained DigitsModel, on the CPU
     m = result.metrics
     print(f"epoch: {m['epoch']}  train_loss: {m['train_loss']:.4f}  val_loss: {m['val_loss']:.4f}")
     print(f"val_accuracy: {m['val_accuracy']:.4f}")
     print(f"checkpoint: {result.checkpoint.path if result.checkpoint else None}")
+    if args.register:
+        from trainforge.registry import Registry
 
-    model = trainer.get_model()  # the trained DigitsModel, on the CPU
+        # The run's latest checkpoint, its metrics and lineage (run directory, config, git commit).
+        mv = Registry().register(args.register, result, model_cls=DigitsModel, alias=args.alias)
+        alias = f" ({args.alias} -> version {mv.version})" if args.alias else ""
+        print(f"registered {mv.uri}{alias}: val_accuracy {mv.metrics['val_accuracy']:.4f}")
+
     _, x_val, _, y_val = digits_split()
     predicted = model(x_val)  # preprocess -> forward (eval mode, no grad) -> postprocess
     accuracy = float((predicted == torch.as_tensor(y_val)).float().mean())

@@ -5,8 +5,13 @@ register both runs in a model registry, point ``production`` at the first, serve
     python examples/registry_digits.py [--registry DIR_OR_URL] [--epochs 3] [--num-workers 2]
 
 ``--registry`` defaults to ``$TRAINFORGE_REGISTRY``, else ``~/trainforge/registry`` (an ``s3://``
-URL works too). Afterwards: ``trainforge models list``, ``trainforge models versions digits``,
-``trainforge serve models:/digits@production``, or the train server's Models page.
+URL works too). Afterwards: ``trainforge models list``, ``trainforge models versions digits``, or the
+train server's Models page. The versions record ``DigitsModel`` by its import path,
+``model_digits:DigitsModel`` (this script imports it from examples/), so a process that loads them must
+be able to import ``model_digits``: serve them from this directory with
+``cd examples && python -m trainforge serve models:/digits@production`` (``python -m`` puts the current
+directory on ``sys.path``). ``python examples/model_digits.py --register digits`` instead saves the class
+with the model (it is defined in ``__main__`` there), which serves from anywhere: see docs/tutorial.md.
 """
 
 from __future__ import annotations
