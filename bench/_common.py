@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks in this folder (``bench_core.py``, ``bench_recovery.py``).
+"""Helpers shared by the benchmarks in this folder (measuring, running variants in fresh processes, tables).
 
 Nothing here imports torch or trainforge at module level: a variant subprocess pays only for what it uses.
 """
@@ -232,10 +232,9 @@ def run_script_variant(
 
 
 def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    from trainforge._internal.process_tree import signal_groups  # here: only the orchestrator calls this
+
+    signal_groups([pgid], signal.SIGKILL)
 
 
 def is_noisy(run: dict, share: float = 0.1) -> bool:
@@ -359,45 +358,35 @@ def filesystem_of(path: str) -> dict:
     return best
 
 
-class HttpConn:
-    """One keep-alive HTTP/1.1 connection on asyncio streams (``token``: sent as a bearer token): a
-    load generator's client, far lighter than a full HTTP client library, so that the clients' own
-    work disturbs the server they measure less."""
+# --------------------------------------------------------------------------------------------------
+# The model the serving benchmarks serve, and its requests.
+# --------------------------------------------------------------------------------------------------
+N_INSTANCES = 1024  # the random 64-float instances the serving benchmarks send
 
-    def __init__(self, host: str, port: int, token: str | None = None):
-        self.host, self.port = host, port
-        self.auth = f"Authorization: Bearer {token}\r\n" if token else ""
-        self.reader: Any = None
-        self.writer: Any = None
 
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                f"{self.auth}Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
-        return await self._exchange(head + body)
+def make_serve_model(seed: int) -> Any:
+    """The model the serving benchmarks serve (bench_serve.py, bench_server_models.py): an MLP
+    64-256-256-10 whose class is defined inside, so that it is saved by value with the model."""
+    import torch
 
-    async def get(self, path: str) -> tuple[int, bytes]:
-        return await self._exchange(f"GET {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{self.auth}\r\n".encode())
+    from trainforge.model import Model
 
-    async def _exchange(self, request: bytes) -> tuple[int, bytes]:
-        """Send ``request`` and read the response (its body by Content-Length): (status, body)."""
-        import asyncio
+    class MLP(Model):  # defined here: saved by value with the model, so the server needs no import path
+        def setup(self, config: dict[str, Any]) -> None:
+            torch.manual_seed(config["seed"])
+            net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                      torch.nn.ReLU(), torch.nn.Linear(256, 10))  # fmt: skip
+            self.register(models=net)
 
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        self.writer.write(request)
-        status_line = await self.reader.readline()
-        length = 0
-        while True:
-            line = await self.reader.readline()
-            if line in (b"\r\n", b""):
-                break
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        data = await self.reader.readexactly(length)
-        return int(status_line.split()[1]), data
+        def preprocess(self, data: Any) -> Any:
+            return torch.as_tensor(data, dtype=torch.float32).reshape(-1, 64)
 
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            await self.writer.wait_closed()
+        def postprocess(self, logits: Any) -> Any:
+            return logits.argmax(-1)
+
+    return MLP({"seed": seed})
+
+
+def predict_bodies(instances: list[list[float]]) -> list[bytes]:
+    """One ``/predict`` request body per instance: ``{"inputs": [instance]}``."""
+    return [json.dumps({"inputs": [x]}).encode() for x in instances]

@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from _common import REPO_ROOT, HttpConn, percentile
+from _common import REPO_ROOT, percentile
+from _http_load import HttpConn
 
 GOAL_LOAD_P95_MS = 100.0
 WARMUP_S = 1.0
@@ -51,7 +52,7 @@ def seed_jobs(state_dir: str, n: int, script: str) -> None:
             job, _ = store.add_job(name=f"load-{i}", kind="script", spec=spec, held=i % 2 == 1)
             if i % 2 == 0:
                 t = time.time()
-                store.update(job.id, "ended", {"exit_code": 0}, state=st.SUCCEEDED, started_at=t - 60.0, ended_at=t,
+                store.update(job.id, "ended", {"exit_code": 0}, state="SUCCEEDED", started_at=t - 60.0, ended_at=t,
                              exit_code=0, attempt=1, reports=100, last_metrics={"loss": 0.1 + i / n, "step": 99})  # fmt: skip
     finally:
         store.close()

@@ -46,9 +46,9 @@ from _common import (
     status,
     write_json,
 )
-from bench_server import Server
 
-sys.path.insert(0, os.path.join(REPO_ROOT, "tests"))
+from trainforge._testing.server import TrainServer
+from trainforge._testing.wait import wait_until
 
 DEFAULT_JSON = os.path.join(BENCH_DIR, "results", "dashboard.json")
 GOAL_PAINT_MS = 500.0
@@ -108,32 +108,26 @@ def asset_sizes() -> dict[str, Any]:
     return out
 
 
-def submit_script(srv: Server, path: str, name: str, steps: int) -> int:
+def submit_script(srv: TrainServer, path: str, name: str, steps: int) -> int:
     with srv.http() as http:
         r = http.post("/jobs", json={"kind": "script", "path": path, "args": [str(steps)], "name": name, "workers": 2})
         r.raise_for_status()
         return int(r.json()["id"])
 
 
-def wait_running(srv: Server, job_id: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
+def wait_running(srv: TrainServer, job_id: int, timeout: float = 60.0) -> None:
     with srv.http() as http:
-        while http.get(f"/jobs/{job_id}").json()["state"] not in ("RUNNING",):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"job {job_id} did not start")
-            time.sleep(0.05)
+        wait_until(lambda: http.get(f"/jobs/{job_id}").json()["state"] in ("RUNNING",), timeout,
+                   f"job {job_id} to start", interval=0.05)  # fmt: skip
 
 
-def wait_ended(srv: Server, job_id: int, timeout: float = 120.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
+def wait_ended(srv: TrainServer, job_id: int, timeout: float = 120.0) -> dict[str, Any]:
+    def ended() -> dict[str, Any] | None:
+        job: dict[str, Any] = http.get(f"/jobs/{job_id}").json()
+        return job if job["state"] in ("SUCCEEDED", "FAILED", "STOPPED") else None
+
     with srv.http() as http:
-        while True:
-            job = http.get(f"/jobs/{job_id}").json()
-            if job["state"] in ("SUCCEEDED", "FAILED", "STOPPED"):
-                return job
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"job {job_id} did not end")
-            time.sleep(0.1)
+        return wait_until(ended, timeout, f"job {job_id} to end", interval=0.1)
 
 
 OBSERVE = """
@@ -163,7 +157,7 @@ def main() -> int:
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--json", default=DEFAULT_JSON)
     args = p.parse_args()
-    from browser import BrowserSession
+    from trainforge._testing.browser import BrowserSession
 
     work = tempfile.mkdtemp(prefix="tf-bench-dash-")
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
@@ -178,8 +172,8 @@ def main() -> int:
         t = time.time()
         million = seed_jobs(state, args.jobs, reporter, args.reports)
         res["seed_s"] = time.time() - t
-        srv = Server(state, "CPU=2", env)
-        srv.start()
+        srv = TrainServer(state, "CPU=2", environ=env, cwd=REPO_ROOT, new_session=True)
+        srv.start(require_url=True)
         context = session.browser.new_context()
         page = context.new_page()
         page.goto(f"{srv.url}/?token={srv.token}")  # sets the cookie
@@ -271,8 +265,8 @@ def main() -> int:
         context.close()
     finally:
         if srv is not None:
-            srv.stop()
-            res["leftover_job_processes"] = srv.cleanup()
+            srv.stop(15, kill_after=True)
+            res["leftover_job_processes"] = srv.cleanup(kill=True)
         session.stop()
         shutil.rmtree(work, ignore_errors=True)
     fcp = statistics.median(res["jobs_page_fcp_ms"])

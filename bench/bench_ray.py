@@ -44,7 +44,7 @@ import tempfile
 import time
 from typing import Any
 
-import bench_core as core
+import _core_workload as core
 import torch
 import torch.nn as nn
 from _common import (
@@ -110,7 +110,7 @@ def throughput_loop(config: dict) -> None:
     def on_step(loss_value: float, i: int) -> None:
         train.report({"loss": loss_value, "step": i})
 
-    timing = core._timed_loop(
+    timing = core.timed_loop(
         model, opt, nn.CrossEntropyLoss(), core.make_batches(rank), config["steps"], config["warmup"], on_step,
         chunks=min(10, config["steps"]),
     )  # fmt: skip

@@ -33,11 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import os
-import re
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,52 +44,28 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH_DIR)
 
 from _common import (  # noqa: E402
+    N_INSTANCES,
     REPO_ROOT,
-    HttpConn,
     finish,
     fmt,
     git_commit,
     machine_info,
+    make_serve_model,
+    predict_bodies,
     render_markdown,
     render_text,
     status,
     wait_for_idle,
 )
+from _http_load import closed_loop, percentiles  # noqa: E402
+
+from trainforge._testing.server import ServingProcess  # noqa: E402
 
 RESULTS = os.path.join(BENCH_DIR, "results", "serve.json")
 NAME = "bench-mlp"
-N_INSTANCES = 1024
 CONCURRENCY = (1, 8, 64)
 WAITS_MS = (5.0, 0.0)  # the default max_batch_wait_ms, and none
 BATCH = 32
-
-
-def make_model(seed: int) -> Any:
-    import torch
-
-    from trainforge.model import Model
-
-    class MLP(Model):  # defined here: saved by value with the model, so the server needs no import path
-        def setup(self, config: dict[str, Any]) -> None:
-            torch.manual_seed(config["seed"])
-            net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                                      torch.nn.ReLU(), torch.nn.Linear(256, 10))  # fmt: skip
-            self.register(models=net)
-
-        def preprocess(self, data: Any) -> Any:
-            return torch.as_tensor(data, dtype=torch.float32).reshape(-1, 64)
-
-        def postprocess(self, logits: Any) -> Any:
-            return logits.argmax(-1)
-
-    return MLP({"seed": seed})
-
-
-def percentiles(latencies: list[float]) -> tuple[float | None, float | None]:
-    if not latencies:
-        return None, None
-    s = sorted(latencies)
-    return s[max(0, round(0.5 * len(s)) - 1)] * 1e3, s[max(0, -(-99 * len(s) // 100) - 1)] * 1e3
 
 
 def bench_direct(model: Any, instances: list[list[float]], duration: float) -> dict[str, Any]:
@@ -123,85 +95,16 @@ def bench_direct(model: Any, instances: list[list[float]], duration: float) -> d
             "batched_instances_per_s": batches * BATCH / batch_s}  # fmt: skip
 
 
-class Server:
-    def __init__(self, registry: str, poll_s: float, wait_ms: float):
-        cmd = [sys.executable, "-m", "trainforge", "serve", f"models:/{NAME}@prod", "--registry", registry,
-               "--port", "0", "--poll-s", str(poll_s), "--max-batch-wait-ms", str(wait_ms)]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT)
-        self.lines: list[str] = []
-        self.url: str | None = None
-        self._ready = threading.Event()
-        threading.Thread(target=self._drain, daemon=True).start()
-        if not self._ready.wait(120) or self.url is None:
-            self.stop()
-            raise RuntimeError("the server did not start:\n" + "".join(self.lines[-20:]))
-
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            m = re.search(r"serving (http://\S+)", line)
-            if m:
-                self.url = m.group(1)
-                self._ready.set()
-        self._ready.set()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
-
-
-async def load(url: str, instances: list[list[float]], clients: int, duration: float, warmup: float,
-               on_answer: Any = None, *, path: str = "/v1/predict", token: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """``clients`` concurrent loops of POST ``path`` (one instance each, one connection each, with
-    ``token`` as a bearer token) for ``duration`` s after ``warmup`` s."""
-    from urllib.parse import urlsplit
-
-    where = urlsplit(url)
-    assert where.hostname is not None and where.port is not None
-    bodies = [json.dumps({"inputs": [x]}).encode() for x in instances]
-    lat: list[float] = []
-    failed: list[str] = []
-    answers: list[tuple[int, float, int]] = []  # (client, time, version)
-    t_start = time.perf_counter()
-    t_measure, t_end = t_start + warmup, t_start + warmup + duration
-
-    async def one(k: int) -> None:
-        conn = HttpConn(where.hostname, where.port, token)  # type: ignore[arg-type]
-        i = k * 37
-        try:
-            while True:
-                t0 = time.perf_counter()
-                if t0 >= t_end:
-                    return
-                try:
-                    code, data = await conn.post(path, bodies[i % N_INSTANCES])
-                    body = json.loads(data)
-                except Exception as exc:  # a failed request is counted, never raised
-                    code, body = 0, {"detail": f"{type(exc).__name__}: {exc}"}
-                    await conn.close()
-                    conn = HttpConn(where.hostname, where.port, token)  # type: ignore[arg-type]
-                t1 = time.perf_counter()
-                if code != 200:
-                    failed.append(f"{code}: {str(body.get('detail'))[:200]}")
-                elif t0 >= t_measure:
-                    lat.append(t1 - t0)
-                    answers.append((k, t1, body["model"]["version"]))
-                if on_answer is not None:
-                    on_answer(t1)
-                i += 1
-        finally:
-            await conn.close()
-
-    await asyncio.gather(*(one(k) for k in range(clients)))
-    p50, p99 = percentiles(lat)
-    return {"requests": len(lat), "failed": len(failed), "failures": failed[:5], "p50_ms": p50, "p99_ms": p99,
-            "throughput_rps": len(lat) / duration, "answers": answers}  # fmt: skip
+def start_server(registry: str, poll_s: float, wait_ms: float) -> ServingProcess:
+    """``trainforge serve models:/NAME@prod`` on a free port, once it serves."""
+    cmd = [sys.executable, "-m", "trainforge", "serve", f"models:/{NAME}@prod", "--registry", registry,
+           "--port", "0", "--poll-s", str(poll_s), "--max-batch-wait-ms", str(wait_ms)]  # fmt: skip
+    server = ServingProcess(cmd, cwd=REPO_ROOT)
+    try:
+        return server.start(120, require_url=True)
+    except (TimeoutError, RuntimeError):
+        server.stop(kill_after=True)
+        raise
 
 
 def server_stats(url: str) -> dict[str, Any]:
@@ -239,7 +142,7 @@ def main() -> int:
 
         reg = Registry(os.path.join(tmp, "registry"))
         for version in (1, 2):
-            path = make_model(seed=version).save(os.path.join(tmp, f"v{version}"))
+            path = make_serve_model(seed=version).save(os.path.join(tmp, f"v{version}"))
             reg.register(NAME, path, alias="prod" if version == 1 else None)
         model = reg.load(f"models:/{NAME}/1")
         print("direct calls", file=sys.stderr, flush=True)
@@ -247,21 +150,21 @@ def main() -> int:
 
         served: dict[tuple[float, int], dict[str, Any]] = {}
         for wait_ms in WAITS_MS:
-            server = Server(reg.uri, poll_s=0.5, wait_ms=wait_ms)
+            server = start_server(reg.uri, poll_s=0.5, wait_ms=wait_ms)
             try:
                 assert server.url is not None
                 for clients in CONCURRENCY:
                     print(f"served, batch wait {wait_ms:g} ms, {clients} client(s)", file=sys.stderr, flush=True)
                     before = server_stats(server.url)
-                    run = asyncio.run(load(server.url, instances, clients, args.duration, args.warmup))
+                    run = asyncio.run(closed_loop(server.url, predict_bodies(instances), clients, args.duration, args.warmup))
                     run["mean_batch"] = mean_batch(before, server_stats(server.url))
                     run.pop("answers")
                     served[wait_ms, clients] = run
             finally:
-                if server.stop() != 0:
+                if server.stop(kill_after=True) != 0:
                     failed.setdefault("server", []).append({"error": "exit code", "output_tail": server.lines[-20:]})
 
-        server = Server(reg.uri, poll_s=0.5, wait_ms=WAITS_MS[0])
+        server = start_server(reg.uri, poll_s=0.5, wait_ms=WAITS_MS[0])
         try:
             assert server.url is not None
             print("alias switch under load, 8 clients", file=sys.stderr, flush=True)
@@ -279,12 +182,12 @@ def main() -> int:
                 if mover.ident is None and t - t_start >= switch_after:
                     mover.start()
 
-            switch = asyncio.run(load(server.url, instances, 8, args.duration, 0.0, on_answer))
+            switch = asyncio.run(closed_loop(server.url, predict_bodies(instances), 8, args.duration, 0.0, on_answer))
             if mover.ident is not None:
                 mover.join()
             stats = server_stats(server.url)
         finally:
-            exit_code = server.stop()
+            exit_code = server.stop(kill_after=True)
     answers = switch.pop("answers")
     by_version = {str(v): sum(1 for _, _, vv in answers if vv == v) for v in (1, 2)}
     first_v2 = min((t for _, t, v in answers if v == 2), default=None)

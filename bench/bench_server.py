@@ -57,7 +57,7 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from _common import (
     BENCH_DIR,
@@ -76,6 +76,9 @@ from _common import (
 )
 from _server_load import GOAL_LOAD_P95_MS, load_diagnostics, load_rows, run_level, seed_jobs
 
+if TYPE_CHECKING:
+    from trainforge._testing.server import TrainServer
+
 DEFAULT_JSON = os.path.join(BENCH_DIR, "results", "server.json")
 PARTS = ("submit", "handoff", "burst", "decide", "restart", "load")
 
@@ -87,10 +90,10 @@ GOAL_DECIDE_MS = 5.0
 GOAL_RESTART_S = 2.0
 GOAL_IDLE_RSS_MB = 100.0
 
-SERVER_ID_ENV = "TRAINFORGE_SERVER_ID"  # trainforge.server._service.ENV_SERVER_ID
 MARK_ENV = "TRAINFORGE_BENCH_MARK"  # in the environment of every process this benchmark starts
 WORLD_SIZE = 2
 
+SERVER_ID_ENV = "TRAINFORGE_SERVER_ID"  # trainforge._testing.server.SERVER_ID_ENV
 SLEEP_SCRIPT = "import sys, time\ntime.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0.0)\n"
 
 
@@ -160,121 +163,15 @@ def run_variant_here(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------------------
 # Processes: servers, job processes, Ray.
 # --------------------------------------------------------------------------------------------------
-class Server:
-    """A ``python -m trainforge.server start`` process on 127.0.0.1 and a free port; records when its
-    "serving" line came (as tests/serverutil.py's ServerProc)."""
+def new_server(state_dir: str, capacity: str, env: dict[str, str], extra: tuple[str, ...] = ()) -> TrainServer:
+    """A train server as this benchmark runs it (not started): trainforge._testing's ``TrainServer`` with
+    the benchmark's environment, the repository as its working directory, a session of its own and
+    ``--stop-grace 5``. The benchmark starts it with ``start(require_url=True)``, stops it with
+    ``stop(15, kill_after=True)`` and cleans up with ``cleanup(kill=True)``. (Imported here, not at the
+    top: a ``--variant`` process of this script imports no more than it did.)"""
+    from trainforge._testing.server import TrainServer
 
-    def __init__(self, state_dir: str, capacity: str, env: dict[str, str], extra: tuple[str, ...] = ()):
-        self.state_dir = state_dir
-        self.capacity = capacity
-        self.env = env
-        self.extra = extra
-        self.proc: subprocess.Popen[str] | None = None
-        self.url: str | None = None
-        self.lines: list[str] = []
-        self.t_launch = self.t_serving = float("nan")
-
-    def start(self, timeout: float = 60.0) -> Server:
-        cmd = [sys.executable, "-m", "trainforge.server", "start", "--state-dir", self.state_dir, "--port", "0",
-               "--capacity", self.capacity, "--stop-grace", "5", *self.extra]  # fmt: skip
-        # A fresh event and list per start: the previous process's reader may still be finishing.
-        serving, lines = threading.Event(), []
-        self.url = None
-        self.lines = lines
-        self.t_launch = time.time()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env,
-                                     cwd=REPO_ROOT, start_new_session=True)  # fmt: skip
-        threading.Thread(target=self._drain, args=(self.proc, serving, lines), daemon=True).start()
-        if not serving.wait(timeout) or self.url is None:
-            raise RuntimeError("the server did not start:\n" + "".join(lines[-30:]))
-        return self
-
-    def _drain(self, proc: subprocess.Popen[str], serving: threading.Event, lines: list[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            m = re.search(r"serving (http://\S+)", line)
-            if m and not serving.is_set():
-                self.t_serving = time.time()
-                self.url = m.group(1)
-                serving.set()
-        serving.set()
-
-    @property
-    def token(self) -> str:
-        with open(os.path.join(self.state_dir, "token")) as f:
-            return f.read().strip()
-
-    @property
-    def server_id(self) -> str:
-        with open(os.path.join(self.state_dir, "server_id")) as f:
-            return f.read().strip()
-
-    def http(self, timeout: float = 60.0) -> Any:
-        import httpx
-
-        assert self.url is not None
-        return httpx.Client(base_url=self.url + "/api/v1", headers={"Authorization": f"Bearer {self.token}"},
-                            timeout=timeout)  # fmt: skip
-
-    def rss_mb(self) -> float:
-        import psutil
-
-        assert self.proc is not None
-        return psutil.Process(self.proc.pid).memory_info().rss / 2**20
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.kill9()
-
-    def job_processes(self) -> list[Any]:
-        try:
-            sid = self.server_id
-        except OSError:
-            return []
-        return procs_with_env(SERVER_ID_ENV, sid)
-
-    def cleanup(self) -> list[str]:
-        """Stop the server (SIGKILL) and kill what is left of its jobs; returns what was left."""
-        self.kill9()
-        return kill_procs(self.job_processes())
-
-
-def procs_with_env(key: str, value: str) -> list[Any]:
-    import psutil
-
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.pid != os.getpid() and p.environ().get(key) == value and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def kill_procs(procs: list[Any]) -> list[str]:
-    import psutil
-
-    left = []
-    for p in procs:
-        try:
-            left.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=10)
-    return left
+    return TrainServer(state_dir, capacity, extra, environ=env, cwd=REPO_ROOT, new_session=True)
 
 
 class LocalRay:
@@ -315,6 +212,8 @@ class LocalRay:
     def processes(self) -> list[Any]:
         import psutil
 
+        from trainforge._testing.procs import pid_alive
+
         found = []
         for p in psutil.process_iter():
             if p.pid == os.getpid():
@@ -329,9 +228,11 @@ class LocalRay:
                         found.append(p)
             except (psutil.Error, OSError):
                 continue
-        return [p for p in found if _not_zombie(p)]
+        return [p for p in found if pid_alive(p.pid)]
 
     def stop(self) -> list[str]:
+        from trainforge._testing.procs import kill_procs
+
         killed: list[str] = []
         for _ in range(3):
             procs = self.processes()
@@ -362,15 +263,6 @@ def _rss_mb(pid: int | None) -> float | None:
         return None
 
 
-def _not_zombie(p: Any) -> bool:
-    import psutil
-
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def _events(http: Any, job_id: int) -> dict[str, float]:
     """The first ts of each event type of a job (its lifecycle, from the server's store)."""
     out: dict[str, float] = {}
@@ -394,14 +286,19 @@ def _run_start_t(state_dir: str, job_id: int) -> float:
 
 
 def _wait_state(http: Any, job_ids: list[int], states: set[str], timeout: float) -> dict[int, dict]:
-    deadline = time.time() + timeout
+    from trainforge._testing.wait import wait_until
+
     jobs: dict[int, dict] = {}
-    while time.time() < deadline:
-        jobs = {j: http.get(f"/jobs/{j}").json() for j in job_ids}
-        if all(j["state"] in states for j in jobs.values()):
-            return jobs
-        time.sleep(0.05)
-    raise TimeoutError(f"jobs not {states} after {timeout}s: {[(j, d['state']) for j, d in jobs.items()]}")
+
+    def reached() -> bool:
+        jobs.update({j: http.get(f"/jobs/{j}").json() for j in job_ids})
+        return all(j["state"] in states for j in jobs.values())
+
+    try:
+        wait_until(reached, timeout, f"jobs {job_ids} to be {states}", interval=0.05)
+    except TimeoutError:
+        raise TimeoutError(f"jobs not {states} after {timeout}s: {[(j, d['state']) for j, d in jobs.items()]}") from None
+    return jobs
 
 
 # --------------------------------------------------------------------------------------------------
@@ -476,22 +373,23 @@ def _ray_job(ray: LocalRay, how: str, work: str, args: argparse.Namespace) -> di
     return rec
 
 
-def part_submit(args: argparse.Namespace, work: str, env: dict[str, str], servers: list[Server],
+def part_submit(args: argparse.Namespace, work: str, env: dict[str, str], servers: list[TrainServer],
                 rays: list[LocalRay]) -> dict:  # fmt: skip
     state = os.path.join(work, "server-submit")
-    srv = Server(state, "CPU=2", env)
+    srv = new_server(state, "CPU=2", env)
     cold_state = os.path.join(work, "server-submit-cold")
-    cold_srv = Server(cold_state, "CPU=2", env, extra=("--no-warm",))
+    cold_srv = new_server(cold_state, "CPU=2", env, extra=("--no-warm",))
     servers += [srv, cold_srv]
-    srv.start()
-    cold_srv.start()
+    srv.start(require_url=True)
+    cold_srv.start(require_url=True)
     client_env = {**env, "TRAINFORGE_SERVER_DIR": state}
     cold_env = {**env, "TRAINFORGE_SERVER_DIR": cold_state}
     res: dict[str, Any] = {"runs": {"fit": [], "submit": [], "submit_cold": [], "ray_cli": [], "ray_rest": []}}
+    from trainforge._testing.wait import wait_until
+
     with srv.http() as http:
-        deadline = time.monotonic() + 60
-        while not http.get("/health").json()["warm_pool"]["ready"] and time.monotonic() < deadline:
-            time.sleep(0.05)
+        with contextlib.suppress(TimeoutError):  # not ready in time: the part goes on, and says so below
+            wait_until(lambda: http.get("/health").json()["warm_pool"]["ready"], 60, "the warm pool", interval=0.05)
         res["warm_pool"] = http.get("/health").json()["warm_pool"]
     # Warm-up: each server's first job (its imports, the first requests) is off the clock.
     warm = _run_driver("submit", work, args, client_env, ["--url", srv.url or ""])
@@ -544,9 +442,9 @@ def part_submit(args: argparse.Namespace, work: str, env: dict[str, str], server
                           file=sys.stderr, flush=True)  # fmt: skip
                 res["runs"][variant].append(run)
     res["warm_pool_rss_mb"] = _rss_mb(res["warm_pool"].get("pid"))
-    srv.stop()
-    cold_srv.stop()
-    res["leftover_job_processes"] = srv.cleanup() + cold_srv.cleanup()
+    srv.stop(15, kill_after=True)
+    cold_srv.stop(15, kill_after=True)
+    res["leftover_job_processes"] = srv.cleanup(kill=True) + cold_srv.cleanup(kill=True)
     med = {v: median(r.get("first_step_s") for r in rs) for v, rs in res["runs"].items()}
     res["median_first_step_s"] = med
     phases = [r["phases"] for r in res["runs"]["submit"] if "phases" in r]
@@ -607,12 +505,12 @@ class RunnerExits:
                 threading.Thread(target=wait, daemon=True).start()
 
 
-def part_handoff(args: argparse.Namespace, work: str, env: dict[str, str], servers: list[Server]) -> dict:
+def part_handoff(args: argparse.Namespace, work: str, env: dict[str, str], servers: list[TrainServer]) -> dict:
     state = os.path.join(work, "server-handoff")
     script = os.path.join(work, "sleep_job.py")
-    srv = Server(state, "CPU=2", env)
+    srv = new_server(state, "CPU=2", env)
     servers.append(srv)
-    srv.start()
+    srv.start(require_url=True)
     n = args.handoffs + 1
     with srv.http() as http, RunnerExits(srv.server_id) as runners:
         ids = []
@@ -641,8 +539,8 @@ def part_handoff(args: argparse.Namespace, work: str, env: dict[str, str], serve
             "runner_exit_to_running_ms": (ev[b]["running"] - exited) * 1e3,
             "exit_file_to_running_ms": (ev[b]["running"] - exit_mtime) * 1e3,
         })  # fmt: skip
-    srv.stop()
-    left = srv.cleanup()
+    srv.stop(15, kill_after=True)
+    left = srv.cleanup(kill=True)
     keys = [k for k in gaps[0] if k.endswith("_ms")] if gaps else []
     return {"gaps": gaps, "median": {k: median(g[k] for g in gaps) for k in keys},
             "max": {k: max(g[k] for g in gaps) for k in keys}, "leftover_job_processes": left}  # fmt: skip
@@ -651,7 +549,7 @@ def part_handoff(args: argparse.Namespace, work: str, env: dict[str, str], serve
 # --------------------------------------------------------------------------------------------------
 # Part 3: a burst of submissions, then of stops (+ idle memory, part 6).
 # --------------------------------------------------------------------------------------------------
-def _burst(srv: Server, n: int, threads: int, make: Any) -> tuple[float, list[float], list[Any], list[str]]:
+def _burst(srv: TrainServer, n: int, threads: int, make: Any) -> tuple[float, list[float], list[Any], list[str]]:
     """``make(i, http)`` for i in 0..n-1 over ``threads`` keep-alive clients: (wall s, latencies, results, errors)."""
     lat: list[float] = [0.0] * n
     results: list[Any] = [None] * n
@@ -682,17 +580,17 @@ def _burst(srv: Server, n: int, threads: int, make: Any) -> tuple[float, list[fl
     return time.perf_counter() - t0, lat, results, errors
 
 
-def part_burst(args: argparse.Namespace, work: str, env: dict[str, str], servers: list[Server]) -> dict:
+def part_burst(args: argparse.Namespace, work: str, env: dict[str, str], servers: list[TrainServer]) -> dict:
     state = os.path.join(work, "server-burst")
     script = os.path.join(work, "sleep_job.py")
-    srv = Server(state, "CPU=2", env)
+    srv = new_server(state, "CPU=2", env)
     servers.append(srv)
-    srv.start()
+    srv.start(require_url=True)
     res: dict[str, Any] = {"start_to_serving_s": srv.t_serving - srv.t_launch}
     with srv.http() as http:
         http.get("/health").raise_for_status()
         time.sleep(1.0)  # let it settle (lazy imports, first request done)
-        res["idle_rss_mb"] = srv.rss_mb()
+        res["idle_rss_mb"] = _rss_mb(srv.proc.pid if srv.proc else None)
         lat = []
         for _ in range(20):
             t = time.perf_counter()
@@ -719,7 +617,7 @@ def part_burst(args: argparse.Namespace, work: str, env: dict[str, str], servers
         wall, lat, ids, errors = _burst(srv, n, args.threads, submit)
         res["submit"] = _rate(n, wall, lat, errors)
         res["submit"]["server_cpu_ms_each"] = (cpu_s() - c0) / n * 1e3
-        res["rss_after_submissions_mb"] = srv.rss_mb()
+        res["rss_after_submissions_mb"] = _rss_mb(srv.proc.pid if srv.proc else None)
         res["held_after_submissions"] = http.get("/health").json()["jobs"].get("HELD")
         good = [j for j in ids if j is not None]
 
@@ -735,8 +633,8 @@ def part_burst(args: argparse.Namespace, work: str, env: dict[str, str], servers
         res["stop"]["server_cpu_ms_each"] = (cpu_s() - c0) / max(1, len(good)) * 1e3
         res["stop"]["states"] = {s: states.count(s) for s in set(states) if s}
         res["jobs_after_stops"] = http.get("/health").json()["jobs"]
-    srv.stop()
-    res["leftover_job_processes"] = srv.cleanup()
+    srv.stop(15, kill_after=True)
+    res["leftover_job_processes"] = srv.cleanup(kill=True)
     return res
 
 
@@ -812,7 +710,7 @@ def _time_decide(queue: list[Any], running: list[dict[str, float]], capacity: di
             "pending": len(pending)}  # fmt: skip
 
 
-def part_decide(args: argparse.Namespace, work: str, env: dict[str, str], servers: list[Server]) -> dict:
+def part_decide(args: argparse.Namespace, work: str, env: dict[str, str], servers: list[TrainServer]) -> dict:
     n = args.queued
     res: dict[str, Any] = {
         "direct": _time_decide(*make_queue(n), args.decide_calls),
@@ -822,16 +720,16 @@ def part_decide(args: argparse.Namespace, work: str, env: dict[str, str], server
     # is down, so that the restarted server loads them all (and reattaches the running one).
     state = os.path.join(work, "server-decide")
     script = os.path.join(work, "sleep_job.py")
-    srv = Server(state, "CPU=2", env)
+    srv = new_server(state, "CPU=2", env)
     servers.append(srv)
-    srv.start()
+    srv.start(require_url=True)
     with srv.http() as http:
         r = http.post("/jobs", json={"kind": "script", "path": script, "args": ["300"], "workers": 2,
                                      "per_worker": {"CPU": 1}, "name": "blocker"})  # fmt: skip
         r.raise_for_status()
         blocker = r.json()["id"]
         _wait_state(http, [blocker], {"RUNNING"}, 30)
-    srv.stop()
+    srv.stop(15, kill_after=True)
     from trainforge.server._store import JobStore
 
     t = time.perf_counter()
@@ -842,9 +740,9 @@ def part_decide(args: argparse.Namespace, work: str, env: dict[str, str], server
         store.add_job(name=f"queued-{i}", kind="script", spec=spec, held=i % 2 == 0)
     store.close()
     res["store_add_jobs_per_s"] = n / (time.perf_counter() - t)
-    srv.start()
+    srv.start(require_url=True)
     res["restart_with_queue_to_serving_s"] = srv.t_serving - srv.t_launch
-    res["restart_with_queue_recovered_line"] = next((ln.strip() for ln in srv.lines if "recovered" in ln), None)
+    res["restart_with_queue_recovered_line"] = next((ln.strip() for ln in srv.last_lines if "recovered" in ln), None)
     with srv.http() as http:
         t = time.perf_counter()
         health = http.get("/health").json()
@@ -867,21 +765,21 @@ def part_decide(args: argparse.Namespace, work: str, env: dict[str, str], server
         res["get_queue_ms"] = (time.perf_counter() - t) * 1e3
         res["get_queue_entries"] = len(q)
         time.sleep(0.5)
-        res["rss_with_queue_mb"] = srv.rss_mb()
+        res["rss_with_queue_mb"] = _rss_mb(srv.proc.pid if srv.proc else None)
     # Killed, not stopped: a stop would hand the CPUs to a queued job (whose directory was never made).
     srv.kill9()
-    res["blocker_processes_killed"] = len(srv.cleanup())
+    res["blocker_processes_killed"] = len(srv.cleanup(kill=True))
     return res
 
 
 # --------------------------------------------------------------------------------------------------
 # Part 5: kill -9 of the server with 3 running jobs.
 # --------------------------------------------------------------------------------------------------
-def part_restart(args: argparse.Namespace, work: str, env: dict[str, str], servers: list[Server]) -> dict:
+def part_restart(args: argparse.Namespace, work: str, env: dict[str, str], servers: list[TrainServer]) -> dict:
     state = os.path.join(work, "server-restart")
-    srv = Server(state, "CPU=6", env)
+    srv = new_server(state, "CPU=6", env)
     servers.append(srv)
-    srv.start()
+    srv.start(require_url=True)
     res: dict[str, Any] = {}
     os.environ["TRAINFORGE_SERVER_DIR"] = state  # trainer.submit() reads the token there
     try:
@@ -893,24 +791,27 @@ def part_restart(args: argparse.Namespace, work: str, env: dict[str, str], serve
                 ids.append(trainer.submit(address=srv.url).id)
     finally:
         os.environ.pop("TRAINFORGE_SERVER_DIR", None)
+    from trainforge._testing.wait import wait_until
+
     with srv.http() as http:
-        deadline = time.time() + 90
         jobs: dict[int, dict] = {}
-        while time.time() < deadline:
-            jobs = {j: http.get(f"/jobs/{j}").json() for j in ids}
-            if all(d["state"] == "RUNNING" and d["reports"] > 0 for d in jobs.values()):
-                break
-            time.sleep(0.1)
-        else:
-            raise TimeoutError(f"jobs not all running and reporting: {[(j, d['state']) for j, d in jobs.items()]}")
+
+        def reporting() -> bool:
+            jobs.update({j: http.get(f"/jobs/{j}").json() for j in ids})
+            return all(d["state"] == "RUNNING" and d["reports"] > 0 for d in jobs.values())
+
+        try:
+            wait_until(reporting, 90, "the jobs to run and report", interval=0.1)
+        except TimeoutError:
+            raise TimeoutError(f"jobs not all running and reporting: {[(j, d['state']) for j, d in jobs.items()]}") from None
     before = {j: {"pid": d["pid"], "reports": d["reports"]} for j, d in jobs.items()}
     res["before"] = before
     srv.kill9()
     t_kill = time.time()
-    srv.start()  # the clock: from launching the command
+    srv.start(require_url=True)  # the clock: from launching the command
     res["kill_to_restart_cmd_s"] = srv.t_launch - t_kill
     res["restart_to_serving_s"] = srv.t_serving - srv.t_launch
-    res["recovered_line"] = next((ln.strip() for ln in srv.lines if "recovered" in ln), None)
+    res["recovered_line"] = next((ln.strip() for ln in srv.last_lines if "recovered" in ln), None)
     import httpx
 
     t_health = None
@@ -949,8 +850,8 @@ def part_restart(args: argparse.Namespace, work: str, env: dict[str, str], serve
         res["stop_states"] = stops
     left = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in srv.job_processes()]
     res["job_processes_after_stop"] = left
-    srv.stop()
-    res["leftover_job_processes"] = srv.cleanup()
+    srv.stop(15, kill_after=True)
+    res["leftover_job_processes"] = srv.cleanup(kill=True)
     return res
 
 
@@ -960,13 +861,13 @@ def part_restart(args: argparse.Namespace, work: str, env: dict[str, str], serve
 # --------------------------------------------------------------------------------------------------
 # Part 7: under load (the load client and the sampling are in _server_load.py).
 # --------------------------------------------------------------------------------------------------
-def part_load(args: argparse.Namespace, work: str, env: dict[str, str], servers: list[Server]) -> dict:
+def part_load(args: argparse.Namespace, work: str, env: dict[str, str], servers: list[TrainServer]) -> dict:
     state = os.path.join(work, "server-load")
     script = os.path.join(work, "sleep_job.py")
     seed_jobs(state, args.load_jobs, script)
-    srv = Server(state, "CPU=2", env)
+    srv = new_server(state, "CPU=2", env)
     servers.append(srv)
-    srv.start()
+    srv.start(require_url=True)
     assert srv.proc is not None and srv.url is not None
     res: dict[str, Any] = {"jobs": args.load_jobs, "levels": []}
     with srv.http() as http:
@@ -980,8 +881,8 @@ def part_load(args: argparse.Namespace, work: str, env: dict[str, str], servers:
             print(f"  load: {clients} clients, {args.load_followers} followers ...", file=sys.stderr, flush=True)
             res["levels"].append(run_level(srv.url, state, srv.proc.pid, clients, args.load_followers,
                                            args.load_duration, submit))  # fmt: skip
-    srv.stop()
-    res["leftover_job_processes"] = srv.cleanup()
+    srv.stop(15, kill_after=True)
+    res["leftover_job_processes"] = srv.cleanup(kill=True)
     return res
 
 
@@ -1181,7 +1082,7 @@ def main(argv: list[str] | None = None) -> int:
     env["TRAINFORGE_STORAGE_PATH"] = os.path.join(work, "runs")
     env[MARK_ENV] = f"server-bench-{os.getpid()}"
     os.environ.pop("RAY_ADDRESS", None)
-    servers: list[Server] = []
+    servers: list[TrainServer] = []
     rays: list[LocalRay] = []
     data: dict[str, Any] = {}
     errors: dict[str, str] = {}
@@ -1208,13 +1109,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  !! part {part} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
             part_s[part] = time.time() - t
     finally:
+        from trainforge._testing.procs import kill_procs, processes_with_env
+
         leftovers: list[str] = []
         for srv in servers:
-            leftovers += srv.cleanup()
+            leftovers += srv.cleanup(kill=True)
         for ray in rays:
             leftovers += [f"ray: {x}" for x in ray.stop()]
         # Anything else this benchmark started (a driver of part 1 killed mid-run, its workers).
-        leftovers += kill_procs(procs_with_env(MARK_ENV, env[MARK_ENV]))
+        leftovers += kill_procs(processes_with_env(MARK_ENV, env[MARK_ENV]))
         shutil.rmtree(work, ignore_errors=True)
 
     commit, date = git_commit(), datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -29,13 +29,9 @@ import argparse
 import asyncio
 import datetime
 import os
-import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Any
 
@@ -43,55 +39,35 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH_DIR)
 
 from _common import (  # noqa: E402
+    N_INSTANCES,
     REPO_ROOT,
     finish,
     fmt,
     git_commit,
     machine_info,
+    make_serve_model,
+    predict_bodies,
     render_markdown,
     render_text,
     wait_for_idle,
 )
-from bench_serve import N_INSTANCES, load, make_model, percentiles  # noqa: E402  (the same model and clients)
+from _http_load import closed_loop, percentiles  # noqa: E402  (bench_serve.py's model and clients)
+
+from trainforge._testing.server import TrainServer  # noqa: E402
 
 RESULTS = os.path.join(BENCH_DIR, "results", "server_models.json")
 CONCURRENCY = (1, 8, 64)
 REPEATS = 20
 
 
-class TrainServer:
-    def __init__(self, state_dir: str, registry: str):
-        cmd = [sys.executable, "-m", "trainforge.server", "start", "--state-dir", state_dir, "--port", "0",
-               "--capacity", "CPU=1", "--no-warm", "--registry", registry]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT)
-        self.lines: list[str] = []
-        self.url: str | None = None
-        self._ready = threading.Event()
-        threading.Thread(target=self._drain, daemon=True).start()
-        if not self._ready.wait(120) or self.url is None:
-            self.stop()
-            raise RuntimeError("the train server did not start:\n" + "".join(self.lines[-20:]))
-        with open(os.path.join(state_dir, "token")) as f:
-            self.token = f.read().strip()
-
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            m = re.search(r"serving (http://\S+)", line)
-            if m:
-                self.url = m.group(1)
-                self._ready.set()
-        self._ready.set()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+def start_train_server(state_dir: str, registry: str) -> TrainServer:
+    """The train server (capacity 1 CPU, no warm pool) on the registry, once it serves."""
+    server = TrainServer(state_dir, "CPU=1", ("--no-warm", "--registry", registry), stop_grace=None, cwd=REPO_ROOT)
+    try:
+        return server.start(120, require_url=True)
+    except (TimeoutError, RuntimeError):
+        server.stop(kill_after=True)
+        raise
 
 
 def timed(fn: Any, repeats: int = REPEATS) -> dict[str, float]:
@@ -139,9 +115,9 @@ def main() -> int:
                          lineage={"run_path": os.path.join(tmp, "runs", str(v))})  # fmt: skip
         for i in range(2 * args.versions):
             reg.set_alias("bench-many", ("production", "staging")[i % 2], i % args.versions + 1, by="bench")
-        reg.register("bench-mlp", make_model(1).save(os.path.join(tmp, "mlp")), alias="prod")
+        reg.register("bench-mlp", make_serve_model(1).save(os.path.join(tmp, "mlp")), alias="prod")
         idle_s = wait_for_idle(args.idle_wait)
-        server = TrainServer(os.path.join(tmp, "state"), reg.uri)
+        server = start_train_server(os.path.join(tmp, "state"), reg.uri)
         rest: dict[str, dict[str, Any]] = {}
         served: dict[int, dict[str, Any]] = {}
         try:
@@ -173,11 +149,12 @@ def main() -> int:
                 r.raise_for_status()
             for clients in CONCURRENCY:
                 print(f"serving route, {clients} client(s)", file=sys.stderr, flush=True)
-                served[clients] = asyncio.run(load(server.url, instances, clients, args.duration, args.warmup,
-                                                   path="/api/v1/serve/bench-mlp@prod/predict", token=server.token))
+                served[clients] = asyncio.run(closed_loop(server.url, predict_bodies(instances), clients, args.duration,
+                                                          args.warmup, path="/api/v1/serve/bench-mlp@prod/predict",
+                                                          token=server.token))  # fmt: skip
                 served[clients].pop("answers")
         finally:
-            exit_code = server.stop()
+            exit_code = server.stop(kill_after=True)
         import torch
 
         torch.set_num_threads(1)

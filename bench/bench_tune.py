@@ -84,7 +84,6 @@ from _common import (
     wrap_methods,
     write_json,
 )
-from bench_server import kill_procs
 
 DEFAULT_JSON = os.path.join(BENCH_DIR, "results", "tune.json")
 PARTS = ("trivial", "torch", "latency", "free", "search")
@@ -770,6 +769,8 @@ def marked_processes(mark: str, ray_root: str) -> list[Any]:
 
 
 def cleanup(mark: str, ray_root: str) -> list[str]:
+    from trainforge._testing.procs import kill_procs  # here: a --variant process imports no more than it did
+
     killed: list[str] = []
     for _ in range(3):
         procs = marked_processes(mark, ray_root)

@@ -28,17 +28,9 @@ from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.exceptions import StorageError
 from trainforge._internal.session import Session, TrainContext
 from trainforge._internal.storage import COMMIT_MARKER, StorageContext
+from trainforge._testing.wait import wait_until
 
 STAGED = re.compile(r"/\.staging/a\d+_r(\d+)/rank_(\d+)/?$")
-
-
-def poll(cond, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.005)
-    return cond()
 
 
 # -- the session and its uploader, with a fake storage ------------------------------------------------
@@ -119,7 +111,7 @@ def test_failed_upload_raises_at_the_next_report_and_at_the_end(tmp_path):
     err = StorageError("Storage operation 'stage_checkpoint' on s3://b/run/.staging failed: boom")
     session, sent = make_session(FakeStorage(error=err))
     session.report({"i": 0}, checkpoint=user_checkpoint(tmp_path, "c0", "0"), checkpoint_upload_mode="async")
-    assert poll(lambda: session._uploader.error is not None)
+    wait_until(lambda: session._uploader.error is not None, 30, "the uploader's error", interval=0.005)
     with pytest.raises(StorageError, match="s3://b/run/.staging"):
         session.report({"i": 1})
     with pytest.raises(StorageError):
@@ -135,7 +127,7 @@ def test_close_without_waiting_drops_queued_uploads(tmp_path):
         session.report({"i": i}, checkpoint=user_checkpoint(tmp_path, f"c{i}", str(i)), checkpoint_upload_mode="async")
     session.close(wait=False)  # the loop failed
     release.set()
-    assert poll(lambda: not session._uploader.busy)
+    wait_until(lambda: not session._uploader.busy, 30, "the uploader to be idle", interval=0.005)
     assert [m[1] for m, _ in sent] in ([], [0])  # at most the upload already running completes
     assert set(storage.staged) <= {0}
 
@@ -170,8 +162,12 @@ class GateFS(LocalFileSystem):
         key = f"r{m.group(1)}_rank{m.group(2)}"
         if self.fail:
             raise PermissionError(13, "Access Denied")
-        if self.gated and not poll(lambda: os.path.exists(os.path.join(self.gate_dir, f"open_{key}")), 20):
-            raise RuntimeError(f"gate {key} never opened: report() waited for its own upload")
+        if self.gated:
+            try:
+                wait_until(lambda: os.path.exists(os.path.join(self.gate_dir, f"open_{key}")), 20, f"gate {key}",
+                           interval=0.005)  # fmt: skip
+            except TimeoutError:
+                raise RuntimeError(f"gate {key} never opened: report() waited for its own upload") from None
         if int(m.group(1)) == self.slow_index:
             time.sleep(self.slow_s)  # a slow upload, still running when the loop returns
         out = super().put(lpath, rpath, *args, **kwargs)

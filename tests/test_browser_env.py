@@ -9,9 +9,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from browser import PageErrors, open_page
 
 import trainforge.server
+from trainforge._testing.browser import PageErrors, open_page
 
 UPLOT = Path(trainforge.server.__file__).parent / "static" / "vendor" / "uplot"
 

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from trainforge import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from trainforge._internal.worker_env import assign_gpus, local_worker_specs
+from trainforge._internal.devices import assign_gpus
+from trainforge._internal.worker_group.env import local_worker_specs
 
 # -- ScalingConfig ------------------------------------------------------------------------------------
 
@@ -263,7 +264,7 @@ def test_local_worker_specs_gpu():
 
 
 def test_node_layout_numbers_nodes_by_first_rank():
-    from trainforge._internal.worker_env import node_layout
+    from trainforge._internal.worker_group.env import node_layout
 
     assert node_layout(["b", "a", "b", "c", "a"]) == [(0, 0, 2), (1, 0, 2), (0, 1, 2), (2, 0, 1), (1, 1, 2)]
     assert node_layout(["x"] * 3) == [(0, 0, 3), (0, 1, 3), (0, 2, 3)]

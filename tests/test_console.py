@@ -14,6 +14,7 @@ import trainforge as train
 from trainforge import Checkpoint, DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
 from trainforge._internal.progress import console_warnings
 from trainforge._internal.storage import COMMIT_MARKER
+from trainforge._testing.wait import wait_until
 
 
 def _save(value: int) -> Checkpoint:
@@ -21,14 +22,6 @@ def _save(value: int) -> Checkpoint:
     with open(os.path.join(d, "value"), "w") as f:
         f.write(str(value))
     return Checkpoint.from_directory(d)
-
-
-def _wait_for(path: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout}s")
-        time.sleep(0.01)
 
 
 def _fails_once_after_checkpoint_2(config):
@@ -43,7 +36,8 @@ def _fails_once_after_checkpoint_2(config):
     for step in range(start, 5):
         train.report({"step": step, "attempt": ctx.get_attempt()}, checkpoint=_save(step))
         if step == 2 and ctx.get_attempt() == 0:
-            _wait_for(os.path.join(ctx.get_trial_dir(), "checkpoint_000002", COMMIT_MARKER))
+            marker = os.path.join(ctx.get_trial_dir(), "checkpoint_000002", COMMIT_MARKER)
+            wait_until(lambda m=marker: os.path.exists(m), 30, f"{marker} to appear", interval=0.01)
             if ctx.get_world_rank() == 1:
                 raise RuntimeError("injected failure at step 2")
             while True:

@@ -16,7 +16,8 @@ from trainforge._internal.backend import BackendConfig
 from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.checkpoint_manager import CheckpointManager
 from trainforge._internal.config import CheckpointConfig, FailureConfig
-from trainforge._internal.controller import Controller, ControllerHooks, RunState
+from trainforge._internal.controller import Controller, RunState
+from trainforge._internal.controller_hooks import ControllerHooks
 from trainforge._internal.exceptions import (
     TrainingFailedError,
     WorkerFailure,

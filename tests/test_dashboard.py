@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 
 def _dashboard_url(server) -> str:
-    out = subprocess.run([sys.executable, "-m", "trainforge._internal.cli", "dashboard", "--state-dir", server.state_dir],
+    out = subprocess.run([sys.executable, "-m", "trainforge", "dashboard", "--state-dir", server.state_dir],
                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     return out.stdout.strip()
 
@@ -273,7 +273,7 @@ def test_a_checkpoint_shows_its_size_and_its_resume_command_works(train_server, 
     rows.first.locator("button.copy").click()  # copies, or selects it where the clipboard is not allowed
     # The command, as a user pastes it: a new run starting from the first checkpoint (step 0).
     argv = shlex.split(command)
-    out = subprocess.run([sys.executable, "-m", "trainforge._internal.cli", *argv[1:], "--state-dir", train_server.state_dir],
+    out = subprocess.run([sys.executable, "-m", "trainforge", *argv[1:], "--state-dir", train_server.state_dir],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert job.wait(timeout=120).state == "SUCCEEDED"

@@ -30,9 +30,9 @@ def _checkpointing(config):
 @pytest.fixture
 def models_server(tmp_path, monkeypatch):
     pytest.importorskip("fastapi")
-    from serverutil import ServerProc
+    from trainforge._testing.server import TrainServer
 
-    server = ServerProc(str(tmp_path / "server"), extra=("--registry", str(tmp_path / "registry"))).start()
+    server = TrainServer(str(tmp_path / "server"), extra=("--registry", str(tmp_path / "registry"))).start()
     monkeypatch.setenv("TRAINFORGE_SERVER_DIR", server.state_dir)
     yield server
     left = server.cleanup()
@@ -41,7 +41,7 @@ def models_server(tmp_path, monkeypatch):
 
 
 def _dashboard_url(server) -> str:
-    out = subprocess.run([sys.executable, "-m", "trainforge._internal.cli", "dashboard", "--state-dir", server.state_dir],
+    out = subprocess.run([sys.executable, "-m", "trainforge", "dashboard", "--state-dir", server.state_dir],
                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     return out.stdout.strip()
 

@@ -16,13 +16,8 @@ import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
-from trainforge._internal.datasets import (
-    BATCH_FORMATS,
-    DataShard,
-    check_datasets,
-    shard_datasets,
-    split_ranges,
-)
+from trainforge._internal.dataset_shard import BATCH_FORMATS, DataShard
+from trainforge._internal.datasets import check_datasets, shard_datasets, split_ranges
 
 # ----------------------------------------------------------------------------------------------------
 # One factory per accepted type. Each builds n rows whose row i carries the id i in column ID[kind].

@@ -62,3 +62,28 @@ def test_registry_example_registers_loads_serves_and_moves_the_alias(tmp_path):
     from trainforge.registry import Registry
 
     assert Registry(registry).get("digits@production").version == 2
+
+
+@pytest.mark.slow
+def test_model_lifecycle_defines_puts_trains_on_the_server_tunes_serves_and_moves_the_alias(tmp_path):
+    for module in ("torch", "xgboost", "fastapi", "sklearn"):
+        pytest.importorskip(module)
+    registry = str(tmp_path / "registry")
+    proc = run_example("model_lifecycle.py", "--registry", registry, "--storage-path", str(tmp_path / "runs"),
+                       "--state-dir", str(tmp_path / "server"))  # fmt: skip
+    out = proc.stdout
+    for kind, name in (("torch", "digits-net"), ("xgboost", "cancer-xgb")):
+        assert f"[{kind}] put models:/{name}/1 (a definition" in out, out
+        assert f"[{kind}] submitted models:/{name}/1 as job " in out, out
+        assert f"[{kind}] tuned 2 trials; registered the best as models:/{name}/2" in out, out
+        assert f"lineage: definition models:/{name}/1" in out, out
+        assert re.search(rf"\[{kind}\] job \d+ done: registered models:/{name}/3", out), out
+        assert f"[{kind}] served by models:/{name}/2" in out, out
+        assert f"[{kind}] after the alias moved, served by models:/{name}/3" in out, out
+        assert f"[{kind}] lineage: models:/{name}/1 -> 2 run(s)" in out, out
+    from trainforge.registry import Registry
+
+    reg = Registry(registry)
+    assert reg.get("digits-net@prod").version == 3 and reg.get("cancer-xgb@prod").version == 3
+    assert reg.get("cancer-xgb/3").lineage["definition"] == "models:/cancer-xgb/1"
+    assert [v.kind for v in reg.versions("digits-net")] == ["definition", "trained", "trained"]

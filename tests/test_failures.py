@@ -12,10 +12,10 @@ import sys
 import time
 
 import pytest
-from procutil import pid_alive, wait_until_gone
 
 import trainforge as train
 from trainforge import DataParallelTrainer, RunConfig, ScalingConfig, TrainingFailedError
+from trainforge._testing.procs import pid_alive, wait_until_gone
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 

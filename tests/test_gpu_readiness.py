@@ -5,6 +5,7 @@ GPU (and a smoke run of it on the CPU)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -28,6 +29,7 @@ def _run(cmd: list[str], timeout: float = 300, **kw: Any) -> subprocess.Complete
                           timeout=timeout, **kw)  # fmt: skip
 
 
+@functools.lru_cache(maxsize=1)
 def _gpu_test_ids() -> list[str]:
     out = _run([sys.executable, "-m", "pytest", "tests/gpu", "--collect-only", "-q", "-p", "no:cacheprovider"])
     assert out.returncode == 0, out.stdout + out.stderr

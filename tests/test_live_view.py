@@ -119,7 +119,7 @@ def test_a_followed_server_job_on_a_terminal_gets_the_same_panel(train_server, t
     """trainer.submit(wait=True) / `trainforge submit` on a terminal: the panel, fed by the job's state
     and reports; the runner's per-report lines are not repeated under it, its other output is."""
     from trainforge import DataParallelTrainer, RunConfig, ScalingConfig
-    from trainforge.server._client import follow
+    from trainforge.server._job_view import follow
 
     def loop():
         for step in range(5):

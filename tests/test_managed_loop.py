@@ -17,11 +17,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from procutil import pid_alive  # noqa: E402
 from torch.utils.data import DataLoader, Subset, TensorDataset  # noqa: E402
 
 import trainforge  # noqa: E402
 from trainforge import FailureConfig, RunConfig, ScalingConfig  # noqa: E402
+from trainforge._testing.procs import pid_alive  # noqa: E402
 from trainforge.model import BATCH_SIZE, EarlyStopping, LoopConfig, Model, ModelTrainer  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -166,7 +166,7 @@ def test_loop_config_errors_name_field_value_and_what_is_allowed(kwargs, message
 
 
 def test_early_stopping_config_and_tracker():
-    from trainforge._internal.managed.early_stopping import EarlyStoppingTracker
+    from trainforge.model._early_stopping import EarlyStoppingTracker
 
     with pytest.raises(ValueError, match=r"EarlyStopping.mode='down' is not valid: use 'min' or 'max'"):
         EarlyStopping("val_loss", mode="down")
@@ -181,7 +181,7 @@ def test_early_stopping_config_and_tracker():
 
 
 def test_epoch_metrics_are_sample_weighted_and_survive_a_checkpoint():
-    from trainforge._internal.managed.metrics import EpochMetrics
+    from trainforge.model._metrics import EpochMetrics
 
     m = EpochMetrics()
     m.add({"loss": torch.tensor(1.0)}, 8)
@@ -194,7 +194,7 @@ def test_epoch_metrics_are_sample_weighted_and_survive_a_checkpoint():
 
 
 def test_command_channel_resends_the_pending_command_to_a_newer_attempt():
-    from trainforge._internal.managed.commands import Command, CommandClient, CommandServer
+    from trainforge.model._commands import Command, CommandClient, CommandServer
 
     server = CommandServer()
     try:
@@ -325,7 +325,7 @@ def test_import_is_light_and_a_missing_torch_names_the_extra():
 def test_the_managed_loop_never_names_tune_or_rays_packages():
     """Train code never imports tune (not even by name in a docstring); RaySGD is named in prose."""
     offenders = []
-    for sub in ("_internal/managed", "model", "sgd"):
+    for sub in ("model", "sgd"):
         for root, _, files in os.walk(os.path.join(REPO, "trainforge", sub)):
             for name in (n for n in files if n.endswith(".py")):
                 with open(os.path.join(root, name)) as f:

@@ -64,7 +64,8 @@ def test_backend_all_is_pinned():
 
 
 def test_model_and_sgd_all_are_pinned():
-    assert trainforge.model.__all__ == ["BATCH_SIZE", "EarlyStopping", "LoopConfig", "Model", "ModelTrainer"]
+    assert trainforge.model.__all__ == ["BATCH_SIZE", "BaseModel", "Data", "EarlyStopping", "KerasModel",
+                                        "LightGBMModel", "LoopConfig", "Model", "ModelTrainer", "XGBoostModel"]
     assert trainforge.sgd.__all__ == trainforge.sgd.torch.__all__ == ["TorchTrainer", "TrainingOperator"]
     assert trainforge.sgd.utils.__all__ == [
         "AverageMeter", "AverageMeterCollection", "BATCH_COUNT", "BATCH_SIZE", "NUM_SAMPLES"]  # fmt: skip

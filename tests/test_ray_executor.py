@@ -278,7 +278,7 @@ def test_workers_are_actors_of_one_placement_group_and_are_gone_after(ray_single
 
     states = {v["state"] for v in placement_group_table().values()}
     assert states <= {"REMOVED"}  # the run's placement group is gone
-    from procutil import pid_alive
+    from trainforge._testing.procs import pid_alive
 
     assert [m["pid"] for m in metrics if pid_alive(m["pid"])] == []
 

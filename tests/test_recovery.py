@@ -13,7 +13,6 @@ import tempfile
 import time
 
 import pytest
-from procutil import wait_until_gone
 
 import trainforge as train
 from trainforge import (
@@ -25,6 +24,7 @@ from trainforge import (
     ScalingConfig,
     TrainingFailedError,
 )
+from trainforge._testing.procs import wait_until_gone
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 sys.path.insert(0, SCRIPTS)

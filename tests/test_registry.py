@@ -101,7 +101,7 @@ def test_register_versions_dedup_and_lineage(tmp_path):
 
 
 def test_a_checkpoint_is_linked_a_directory_copied_and_unchanged_files_not_read_again(tmp_path, monkeypatch):
-    from trainforge.registry import _registry
+    from trainforge.registry import _blobs
 
     reg = Registry(str(tmp_path / "reg"))
     src = _dir(tmp_path, "ckpt", {"w": b"w" * 5000, "m": b"m" * 10})
@@ -117,8 +117,8 @@ def test_a_checkpoint_is_linked_a_directory_copied_and_unchanged_files_not_read_
     assert os.stat(blob(mv, "x")).st_ino == os.stat(os.path.join(ck, "x")).st_ino
     # Files this machine hashed before (same inode, size, mtime, ctime) are not read again.
     reads = []
-    real = _registry.sha256_file
-    monkeypatch.setattr(_registry, "sha256_file", lambda p: reads.append(p) or real(p))
+    real = _blobs.sha256_file
+    monkeypatch.setattr(_blobs, "sha256_file", lambda p: reads.append(p) or real(p))
     assert reg.register("dir", src).version == 2 and reads == []
     with open(os.path.join(src, "m"), "wb") as f:
         f.write(b"changed")

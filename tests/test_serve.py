@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from modelutil import affine_model
 
 from trainforge.serve import ModelServer, ServeConfig
-from trainforge.serve._engine import ServeEngine, ServeError, split_outputs
+from trainforge.serve._encode import split_outputs
+from trainforge.serve._engine import ServeEngine, ServeError
 from trainforge.serve._source import ModelInfo, ModelSource, RegistrySource, StaticSource, split_registry
 
 TOKEN = "s3cret-token-0123456789"
@@ -454,7 +455,7 @@ def test_http_posts_are_json_from_no_other_origin():
 
 
 def test_cli_takes_the_token_from_a_file_or_the_environment_never_argv(tmp_path, capsys, monkeypatch):
-    from trainforge._internal.cli import main
+    from trainforge._cli import main
     from trainforge.serve._config import ENV_SERVE_TOKEN
 
     assert main(["serve", "models:/m@prod", "--token", TOKEN, "--port", "0"]) == 2
@@ -636,7 +637,7 @@ def test_cli_serves_and_stops_on_a_signal(registry, sig):
 
 
 def test_cli_reports_a_missing_model_in_one_line(tmp_path, capsys):
-    from trainforge._internal.cli import main
+    from trainforge._cli import main
 
     assert main(["serve", "models:/nope@prod", "--registry", str(tmp_path / "empty"), "--port", "0"]) == 1
     err = capsys.readouterr().err
@@ -670,7 +671,7 @@ def test_public_api_and_a_light_import():
     import trainforge.serve
 
     assert trainforge.serve.__all__ == ["ModelServer", "ServeConfig", "serve"]
-    code = ("import sys, trainforge.serve, trainforge._internal.cli as c; c.build_parser()\n"
+    code = ("import sys, trainforge.serve, trainforge._cli as c; c.build_parser()\n"
             "print(sorted(m for m in ('torch', 'fastapi', 'uvicorn', 'ray', 'numpy') if m in sys.modules))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -41,11 +41,11 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     status_code_conformance,
 )
 
-from trainforge.server import _store as store  # noqa: E402
 from trainforge.server._app import cookie_name, make_app  # noqa: E402
 from trainforge.server._config import ServerConfig, parse_resources  # noqa: E402
 from trainforge.server._runner import EVENTS_FILE, OUTPUT_FILE  # noqa: E402
 from trainforge.server._service import JobService  # noqa: E402
+from trainforge.server._state import JobState  # noqa: E402
 
 TOKEN = "test-token-0123456789abcdef"
 HOST = "127.0.0.1"
@@ -70,7 +70,7 @@ class NoRunner:
         s._requests.pop(job_id)  # as _start: the job no longer waits, and holds its grant
         s._grants[job_id] = dict(grant)
         s.store.update(
-            job_id, "running", {"workers": workers, "grant": grant, "fake": True}, state=store.RUNNING, grant=grant,
+            job_id, "running", {"workers": workers, "grant": grant, "fake": True}, state=JobState.RUNNING, grant=grant,
             workers=workers, attempt=job.attempt + 1, started_at=time.time(), ended_at=None, pid=None,
         )  # fmt: skip
 
@@ -262,8 +262,12 @@ SCHEMA = _schema()
 SCHEMA_NO_STREAMS = SCHEMA.exclude(path_regex=JOB_STREAMS)
 SCHEMA_JOB_STREAMS = SCHEMA.include(path_regex=JOB_STREAMS)
 # The job routes' state machine: the registry's routes (fuzzed above, and walked in
-# test_server_models.py) would take most of its steps without ever reaching a job's id.
-SCHEMA_JOBS = SCHEMA_NO_STREAMS.exclude(path_regex=r"/(models|serve)(/|$)")
+# test_server_models.py) would take most of its steps without ever reaching a job's id; so would the
+# team's (/users, /audit, /whoami, /shares: fuzzed above, tested in test_server_access.py).
+SCHEMA_JOBS = SCHEMA_NO_STREAMS.exclude(path_regex=r"/(models|serve|users|audit|whoami|shares)(/|$)")
+# An experiment's stream follows it while a trial of it is queued or runs (a "running" job never ends
+# here): fuzzed above on the seeded experiment, whose trial has ended.
+SCHEMA_JOBS = SCHEMA_JOBS.exclude(path_regex=r"^/api/v1/experiments/\{experiment_id\}/stream$")
 
 
 def _seed(api: Api, ended: bool) -> Api:
@@ -275,6 +279,13 @@ def _seed(api: Api, ended: bool) -> Api:
     _write_log(api, 1, b"first\nsecond\n")
     with open(os.path.join(api.service.job_dir(2), EVENTS_FILE), "w") as f:
         f.write(json.dumps({"type": "report", "index": 0, "metrics": {"loss": 1.0}}) + "\n")
+    # A Tune experiment (/experiments/1): a trial job with a report, the tuner's decision on it, stopped.
+    tag = {"path": "/seed/experiment", "name": "seed-exp", "trial_id": "t0", "metric": "loss", "mode": "min"}
+    trial = api.submit(name="seed-exp/t0", config={"x": 0.5}, experiment=tag)["id"]
+    with open(os.path.join(api.service.job_dir(trial), EVENTS_FILE), "w") as f:
+        f.write(json.dumps({"type": "report", "index": 0, "metrics": {"loss": 0.5}}) + "\n")
+    assert api.post(f"{P}/jobs/{trial}/decisions", json={"kind": "pruned", "iteration": 1}).status_code == 201
+    assert api.post(f"{P}/jobs/{trial}/stop").status_code == 200
     return api
 
 

@@ -231,7 +231,7 @@ def test_no_wait_then_status_jobs_and_logs(train_server, tmp_path, streamed):
 
     table = ok(d, "jobs")
     assert table.splitlines()[0].split()[:2] == ["ID", "STATE"]
-    assert re.search(rf"^\s+{job}\s+RUNNING\s+0\s+1\s+\S+\s+server_cli_wait.py", table, re.M), table
+    assert re.search(rf"^\s+{job}\s+RUNNING\s+0\s+1\s+\S+\s+admin\s+server_cli_wait.py", table, re.M), table
     assert [(j["id"], j["state"]) for j in json.loads(ok(d, "jobs", "--json"))] == [(job, "RUNNING")]
 
     follow = streamed(d, "logs", job, "-f")
@@ -282,7 +282,7 @@ def test_queue_priority_hold_release_and_resources(train_server, tmp_path):
         ("1", big, 0, "big", "needs 2 CPU, 1 free"),
         ("2", small, 0, "small", f"behind job {big}"),
     ]
-    assert re.search(rf"^\s+{urgent}\s+HELD\s+5\s+2\s+\S+\s+urgent\s+held$", ok(d, "jobs"), re.M)
+    assert re.search(rf"^\s+{urgent}\s+HELD\s+5\s+2\s+\S+\s+admin\s+urgent\s+held$", ok(d, "jobs"), re.M)
     assert ok(d, "release", urgent).strip() == f"job {urgent} (urgent): QUEUED, needs 2 CPU, 1 free (position 1)"
     entries = json.loads(ok(d, "queue", "--json"))
     assert [(e["job_id"], e["pending"]["reason"], e["pending"]["position"]) for e in entries] == [
@@ -474,7 +474,7 @@ def test_second_detached_start_leaves_the_running_server_alone(tmp_path):
 
 
 def test_flat_config_keeps_scalars_under_slash_joined_keys():
-    from trainforge.server._client import flat_config
+    from trainforge.server._trainer_job import flat_config
 
     nested = {"lr": 0.1, "model": {"depth": 3, "act": "relu", "sizes": [1, 2]}, "nan": float("nan"),
               "warm": True, "none": None, "obj": object(), "long": "x" * 2000}  # fmt: skip

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from trainforge.server._client import Client, ServerNotFoundError
+from trainforge.server import Client, ServerNotFoundError
 from trainforge.server._crash import CRASH_EXIT_CODE, CRASH_POINTS
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("fastapi")
 
-from serverutil import ServerProc  # noqa: E402
+from trainforge._testing.server import TrainServer  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(__file__), "scripts", "crash_walk_job.py")
 CRASH_ENV = "TRAINFORGE_CRASH_AT"
@@ -34,15 +34,15 @@ class Walk:
         self.state_dir = str(tmp_path / "server")
         self.marker = str(tmp_path / "ran.log")
         self.gate = str(tmp_path / "gate")
-        self.servers: list[ServerProc] = []
+        self.servers: list[TrainServer] = []
         self.told: set[int] = set()  # the jobs a client was told about
 
-    def start(self, crash_at: str | None = None) -> ServerProc:
-        server = ServerProc(self.state_dir, env={CRASH_ENV: crash_at} if crash_at else {})
+    def start(self, crash_at: str | None = None) -> TrainServer:
+        server = TrainServer(self.state_dir, env={CRASH_ENV: crash_at} if crash_at else {})
         self.servers.append(server)
         return server.start()
 
-    def crashed(self, server: ServerProc) -> None:
+    def crashed(self, server: TrainServer) -> None:
         assert server.proc is not None
         assert server.proc.wait(timeout=60) == CRASH_EXIT_CODE, server.output
 
@@ -73,7 +73,7 @@ class Walk:
         with open(self.marker) as f:
             return [int(line) for line in f.read().split()]
 
-    def check(self, server: ServerProc, end_state: str) -> None:
+    def check(self, server: TrainServer, end_state: str) -> None:
         """Every job the client was told about is on the server, ended in ``end_state``, ran once;
         the server has no other job and ``jobs/`` holds nothing else."""
         client = server.client()

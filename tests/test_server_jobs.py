@@ -19,6 +19,7 @@ import pytest
 
 import trainforge
 from trainforge import Checkpoint, DataParallelTrainer, RunConfig, ScalingConfig
+from trainforge._testing.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -68,13 +69,6 @@ def _first_report(job, timeout=120.0):
     reader.join(timeout)
     assert got and got[0] is not None, f"no report from job {job.id} within {timeout} s: {job.status()}"
     return got[0]
-
-
-def _wait_until(predicate, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def _events(job):
@@ -169,7 +163,7 @@ def test_server_kill9_reattaches_running_jobs_and_loses_nothing(train_server, tm
     # While the server is down the job goes on (its runner is in its own session) ...
     assert train_server.job_processes(job.id)
     open(gates[0], "w").close()
-    _wait_until(lambda: _count_reports(events_file) >= 15, what="the job to reach step 15 while the server is down")
+    wait_until(lambda: _count_reports(events_file) >= 15, 60, "the job to reach step 15 while the server is down")
     # ... and the restarted server reattaches it before serving, and replays what it did meanwhile.
     train_server.start()
     assert "1 running job(s) reattached" in train_server.output
@@ -177,7 +171,7 @@ def test_server_kill9_reattaches_running_jobs_and_loses_nothing(train_server, tm
     job = client.job(job.id)
     status = job.status()
     assert status.state == "RUNNING" and status.raw["pid"] == runner_pid
-    _wait_until(lambda: job.status().raw["reports"] >= 15, what="the replayed reports")
+    wait_until(lambda: job.status().raw["reports"] >= 15, 60, "the replayed reports")
     open(gates[1], "w").close()
     result = job.result(timeout=120)
     assert list(result.metrics_dataframe["step"]) == list(range(20))
@@ -198,11 +192,11 @@ def _count_reports(path):
 def test_killed_runner_is_lost_then_requeued_and_resumes_from_its_checkpoint(train_server, tmp_path):
     gate = str(tmp_path / "gate")
     job = _trainer(tmp_path, "lost", _gated_loop, steps=6, gate_at=[3], gates=[gate], checkpoint=True).submit()
-    _wait_until(lambda: job.status().raw["reports"] >= 3, what="three reports")
+    wait_until(lambda: job.status().raw["reports"] >= 3, 60, "three reports")
     pid = job.status().raw["pid"]
     os.kill(pid, signal.SIGKILL)
-    _wait_until(lambda: job.status().raw["attempt"] == 2 and job.status().raw["pid"] not in (None, pid),
-                what="the requeued job's second runner")  # fmt: skip
+    wait_until(lambda: job.status().raw["attempt"] == 2 and job.status().raw["pid"] not in (None, pid), 60,
+               "the requeued job's second runner")  # fmt: skip
     types = [e["type"] for e in _events(job)]
     assert "lost" in types and "requeued" in types
     lost = [e for e in _events(job) if e["type"] == "lost"][0]
@@ -257,14 +251,14 @@ def test_a_runner_that_cannot_start_the_job_still_writes_its_outcome(tmp_path, f
 def test_the_state_is_the_owners_alone_whatever_the_umask(tmp_path, monkeypatch):
     """With umask 0 and a state directory that exists as 0755 (left so), every file the server and
     its jobs write there is 0600 and every directory 0700: none is readable or writable by others."""
-    from serverutil import ServerProc
+    from trainforge._testing.server import TrainServer
 
     state = tmp_path / "state"
     state.mkdir()
     os.chmod(state, 0o755)
     umask = os.umask(0)  # inherited by the server, its zygote, runners and workers
     try:
-        server = ServerProc(str(state)).start()
+        server = TrainServer(str(state)).start()
     finally:
         os.umask(umask)
     try:
@@ -292,11 +286,11 @@ def test_a_requeued_job_without_a_checkpoint_charts_its_repeated_steps_apart(tra
     series keeps the two attempts in segments of their own, each bucket in one of them."""
     gate = str(tmp_path / "gate")
     job = _trainer(tmp_path, "again", _gated_loop, workers=1, steps=5, gate_at=[3], gates=[gate]).submit()
-    _wait_until(lambda: job.status().raw["reports"] >= 3, what="three reports")
+    wait_until(lambda: job.status().raw["reports"] >= 3, 60, "three reports")
     pid = job.status().raw["pid"]
     os.kill(pid, signal.SIGKILL)
-    _wait_until(lambda: job.status().raw["attempt"] == 2 and job.status().raw["pid"] not in (None, pid),
-                what="the requeued job's second runner")  # fmt: skip
+    wait_until(lambda: job.status().raw["attempt"] == 2 and job.status().raw["pid"] not in (None, pid), 60,
+               "the requeued job's second runner")  # fmt: skip
     open(gate, "w").close()
     assert job.wait(timeout=120).state == "SUCCEEDED"
     series = job.client.request("GET", f"/jobs/{job.id}/series", params={"points": 2})
@@ -385,10 +379,10 @@ def test_an_elastic_job_starts_at_what_fits_and_grows_when_capacity_frees(train_
     assert elastic.status().raw["grant"] == {"CPU": 1.0}
     open(blocker_gate, "w").close()
     assert blocker.wait(60).state == "SUCCEEDED"
-    _wait_until(lambda: elastic.status().raw["workers"] == 2, what="the elastic job's grant to grow")
+    wait_until(lambda: elastic.status().raw["workers"] == 2, 60, "the elastic job's grant to grow")
     assert elastic.status().raw["grant"] == {"CPU": 2.0}
     open(elastic_gate, "w").close()  # step 2's checkpoint: the core sees the bigger grant and resizes
-    _wait_until(lambda: "restart" in [e["type"] for e in _events(elastic)], what="the resize")
+    wait_until(lambda: "restart" in [e["type"] for e in _events(elastic)], 60, "the resize")
     open(resized_gate, "w").close()
     result = elastic.result(timeout=120)
     worlds = list(result.metrics_dataframe["world"])
@@ -397,9 +391,9 @@ def test_an_elastic_job_starts_at_what_fits_and_grows_when_capacity_frees(train_
 
 
 def test_an_elastic_job_lends_its_extra_workers_to_a_waiting_job_at_a_checkpoint(tmp_path, monkeypatch):
-    from serverutil import ServerProc
+    from trainforge._testing.server import TrainServer
 
-    server = ServerProc(str(tmp_path / "server"), capacity="CPU=3").start()
+    server = TrainServer(str(tmp_path / "server"), capacity="CPU=3").start()
     try:
         monkeypatch.setenv("TRAINFORGE_SERVER_DIR", server.state_dir)
         asked, fixed_done = str(tmp_path / "asked"), str(tmp_path / "fixed_done")
@@ -412,7 +406,7 @@ def test_an_elastic_job_lends_its_extra_workers_to_a_waiting_job_at_a_checkpoint
         assert _first_report(elastic).metrics["world"] == 3  # all the capacity
         fixed = _trainer(tmp_path, "fixed", workers=2).submit()
         assert fixed.status().state == "QUEUED"
-        _wait_until(lambda: "shrink" in [e["type"] for e in _events(elastic)], 30, "the shrink request")
+        wait_until(lambda: "shrink" in [e["type"] for e in _events(elastic)], 30, "the shrink request")
         open(asked, "w").close()  # a checkpoint after the request: the elastic job shrinks there
         assert fixed.wait(60).state == "SUCCEEDED"
         open(fixed_done, "w").close()
@@ -560,7 +554,7 @@ def _process_loop(config):
 
 
 def _warm_pool(client, timeout=60.0):
-    _wait_until(lambda: client.health()["warm_pool"]["ready"], timeout, "the warm pool")
+    wait_until(lambda: client.health()["warm_pool"]["ready"], timeout, "the warm pool")
     return client.health()["warm_pool"]
 
 
@@ -599,7 +593,7 @@ def test_torch_jobs_teach_the_warm_pool_torch_and_keep_their_thread_count(train_
     first = make("teaches").submit().result(timeout=180)
     assert first.error is None
     learned = os.path.join(train_server.state_dir, "warm_modules")
-    _wait_until(lambda: os.path.exists(learned) and "torch" in open(learned).read().split(), 60, "torch learned")
+    wait_until(lambda: os.path.exists(learned) and "torch" in open(learned).read().split(), 60, "torch learned")
     job = make("warm").submit()
     report = _first_report(job)
     assert job.result(timeout=180).error is None
@@ -610,9 +604,9 @@ def test_torch_jobs_teach_the_warm_pool_torch_and_keep_their_thread_count(train_
 
 
 def test_a_server_started_no_warm_starts_fresh_processes(tmp_path, monkeypatch):
-    from serverutil import ServerProc
+    from trainforge._testing.server import TrainServer
 
-    server = ServerProc(str(tmp_path / "cold"), extra=("--no-warm",)).start()
+    server = TrainServer(str(tmp_path / "cold"), extra=("--no-warm",)).start()
     try:
         client = server.client()
         assert client.health()["warm_pool"] == {"enabled": False, "ready": False, "pid": None}

@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("fastapi")
 
 from modelutil import affine_model  # noqa: E402
-from serverutil import ServerProc  # noqa: E402
 
+from trainforge._testing.server import TrainServer  # noqa: E402
 from trainforge.server._config import ServerConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ P = "/api/v1"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("models-server")
-    proc = ServerProc(str(root / "state"), extra=("--registry", str(root / "registry"), "--no-warm")).start()
+    proc = TrainServer(str(root / "state"), extra=("--registry", str(root / "registry"), "--no-warm")).start()
     yield proc
     left = proc.cleanup()
     assert not left, f"job processes left behind: {left}"

@@ -16,7 +16,7 @@ import pytest
 
 import trainforge
 from trainforge import DataParallelTrainer, RunConfig, ScalingConfig
-from trainforge.server._client import discover
+from trainforge.server._discovery import discover
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("fastapi")
@@ -35,11 +35,11 @@ def ray_server(ray_single, tmp_path, monkeypatch):
     """A server started with ``RAY_ADDRESS`` = the test's cluster and no ``--capacity``; this process
     has none of the variables that name a server. (``HOME`` stays: Ray keeps its cluster's auth
     token in ``~/.ray/auth_token``.)"""
-    from serverutil import ServerProc
+    from trainforge._testing.server import TrainServer
 
     for var in ("TRAINFORGE_ADDRESS", "TRAINFORGE_SERVER_DIR", "TRAINFORGE_TOKEN", "RAY_ADDRESS"):
         monkeypatch.delenv(var, raising=False)
-    server = ServerProc(str(tmp_path / "server"), capacity=None,
+    server = TrainServer(str(tmp_path / "server"), capacity=None,
                         env={"RAY_ADDRESS": ray.get_runtime_context().gcs_address}).start()  # fmt: skip
     assert server.url is not None, server.output
     yield server
@@ -50,7 +50,7 @@ def ray_server(ray_single, tmp_path, monkeypatch):
 def _published() -> dict | None:
     from ray.experimental import internal_kv
 
-    from trainforge.server._main import RAY_KV_KEY, RAY_KV_NAMESPACE
+    from trainforge.server._config import RAY_KV_KEY, RAY_KV_NAMESPACE
 
     value = internal_kv._internal_kv_get(RAY_KV_KEY, namespace=RAY_KV_NAMESPACE)
     return json.loads(value) if value else None
@@ -97,9 +97,10 @@ def test_server_on_a_ray_cluster_runs_jobs_as_actors_and_is_found_through_it(ray
     assert ray_job != ray.get_runtime_context().get_job_id()  # the job's runner is a Ray driver of its own
 
     # Nothing of the job is left on the cluster: its actors are dead, its placement group removed.
-    from procutil import pid_alive
     from ray._private import state  # the GCS's actor table (ray.util.state needs the dashboard)
     from ray.util import placement_group_table
+
+    from trainforge._testing.procs import pid_alive
 
     assert {state.actors(actor_id=a)["State"] for a in actors} == {"DEAD"}
     assert {v["state"] for v in placement_group_table().values()} <= {"REMOVED"}

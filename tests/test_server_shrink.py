@@ -15,7 +15,7 @@ import pytest
 
 from trainforge._internal.controller import resize_reason
 from trainforge._internal.job_events import JobEventsCallback
-from trainforge.server import _service
+from trainforge.server import _processes
 from trainforge.server._runner import EVENTS_FILE, GRANT_FILE
 from trainforge.server._service import JobService
 
@@ -43,7 +43,7 @@ class _FakeRunner:
 def make_service(tmp_path, monkeypatch):
     fake = types.SimpleNamespace(Popen=_FakeRunner, DEVNULL=subprocess.DEVNULL, STDOUT=subprocess.STDOUT,
                                  PIPE=subprocess.PIPE)  # fmt: skip
-    monkeypatch.setattr(_service, "subprocess", fake)
+    monkeypatch.setattr(_processes, "subprocess", fake)
     _FakeRunner.release = threading.Event()
     services: list[JobService] = []
 
@@ -84,7 +84,7 @@ def _report(service: JobService, job_id: int, world: int) -> None:
 
 def _resize(service: JobService, job_id: int, workers: int, attempt: int = 1) -> None:
     """What the core writes when it resizes the job's group at a checkpoint."""
-    JobEventsCallback(os.path.join(service.job_dir(job_id), EVENTS_FILE)).on_restart(attempt, resize_reason(workers))
+    JobEventsCallback(os.path.join(service.job_dir(job_id), EVENTS_FILE)).on_resize(attempt, workers, resize_reason(workers))
 
 
 def _state(service: JobService, job_id: int) -> str:
@@ -94,7 +94,7 @@ def _state(service: JobService, job_id: int) -> str:
 def test_resize_restarts_carry_their_worker_count_in_the_job_events(tmp_path):
     path = str(tmp_path / "events.jsonl")
     callback = JobEventsCallback(path)
-    callback.on_restart(1, resize_reason(3))
+    callback.on_resize(1, 3, resize_reason(3))
     callback.on_restart(2, "rank 0 (pid 12): RuntimeError: boom")
     with open(path) as f:
         first, second = (json.loads(line) for line in f)
@@ -190,7 +190,7 @@ def test_a_shrink_asked_for_before_a_server_restart_is_still_seen(make_service):
     elastic = _submit(service, "elastic", 1, 3)
     waiting = _submit(service, "waiting", 2)
     assert _events(service, elastic, "shrink") == [{"workers": 1, "for_job": waiting}]
-    service._shrinking.clear()  # as after a restart: only the grant file remembers the request
+    service.elastic.shrinking.clear()  # as after a restart: only the grant file remembers the request
     _resize(service, elastic, 1)
     service._tail_once()
     assert service.get(elastic).workers == 1 and _state(service, waiting) == "RUNNING"

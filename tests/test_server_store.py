@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from trainforge.server import _store as st
+from trainforge.server._state import JobState
 
 
 @pytest.fixture
@@ -43,12 +44,12 @@ def test_a_database_from_a_newer_version_is_refused_with_what_to_do(tmp_path):
 
 def test_every_change_is_one_event_with_a_monotonic_seq(store):
     a, b = _add(store, "a"), _add(store, "b", held=True)
-    assert (a.state, b.state) == (st.QUEUED, st.HELD)
-    store.update(a.id, "starting", {"workers": 2}, state=st.STARTING, workers=2, grant={"CPU": 2.0})
+    assert (a.state, b.state) == (JobState.QUEUED, JobState.HELD)
+    store.update(a.id, "starting", {"workers": 2}, state=JobState.STARTING, workers=2, grant={"CPU": 2.0})
     events = store.events_after(0)
     assert [e.type for e in events] == ["submitted", "submitted", "starting"]
     assert [e.seq for e in events] == sorted({e.seq for e in events})
-    assert events[-1].payload == {"workers": 2, "state": st.STARTING}
+    assert events[-1].payload == {"workers": 2, "state": JobState.STARTING}
     assert store.get(a.id).grant == {"CPU": 2.0}
     assert [e.type for e in store.events_after(events[0].seq, job_id=a.id)] == ["starting"]
     assert store.last_seq == events[-1].seq
@@ -58,8 +59,8 @@ def test_a_failed_change_rolls_back_all_of_it(store):
     job = _add(store)
     before = store.events_after(0)
     with pytest.raises(ValueError, match="unknown field"):
-        store.update_many([(job.id, "a", None, {"state": st.RUNNING}), (job.id, "b", None, {"no_such_column": 1})])
-    assert store.get(job.id).state == st.QUEUED
+        store.update_many([(job.id, "a", None, {"state": JobState.RUNNING}), (job.id, "b", None, {"no_such_column": 1})])
+    assert store.get(job.id).state == JobState.QUEUED
     assert store.events_after(0) == before
 
 
@@ -89,7 +90,7 @@ def test_concurrent_writers_never_see_a_locked_database(store):
         try:
             for i in range(100):
                 job = _add(store, f"{k}-{i}")
-                store.update(job.id, "stopped", None, state=st.STOPPED)
+                store.update(job.id, "stopped", None, state=JobState.STOPPED)
         except Exception as exc:  # any error fails the test below
             errors.append(exc)
 
@@ -99,7 +100,7 @@ def test_concurrent_writers_never_see_a_locked_database(store):
     for t in threads:
         t.join()
     assert errors == []
-    assert store.count([st.STOPPED]) == 800
+    assert store.count([JobState.STOPPED]) == 800
     assert len(store.events_after(0, limit=10_000)) == 1600
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import psutil
 import pytest
 from fsspec.implementations.local import LocalFileSystem
-from procutil import wait_until_gone
 
 import trainforge as train
 from trainforge import (
@@ -33,6 +32,8 @@ from trainforge._internal import retry
 from trainforge._internal.exceptions import StorageError, TrainforgeError
 from trainforge._internal.retry import is_transient
 from trainforge._internal.storage import COMMIT_MARKER, StorageContext
+from trainforge._testing.procs import wait_until_gone
+from trainforge._testing.wait import wait_until
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
@@ -347,7 +348,7 @@ def kill_driver_mid_commit(storage_path: str, name: str, kind: str, tmp_path: Pa
         stderr=subprocess.STDOUT,
     )
     try:
-        _poll(lambda: ready.exists() or proc.poll() is not None, timeout=120)
+        wait_until(lambda: ready.exists() or proc.poll() is not None, 120, "the driver to reach the commit or exit")
         assert ready.exists(), f"the driver never reached the commit:\n{proc.communicate(timeout=30)[0].decode()}"
         workers = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         proc.send_signal(signal.SIGKILL)
@@ -358,17 +359,6 @@ def kill_driver_mid_commit(storage_path: str, name: str, kind: str, tmp_path: Pa
             proc.kill()
             proc.wait()
         proc.stdout.close()
-
-
-def _poll(cond, timeout: float, interval: float = 0.02) -> bool:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(interval)
-    return cond()
 
 
 def _second_run_loop(config):

@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import trainforge.torch as tt
+from trainforge._internal import network
 from trainforge._internal.backend import resolve_backend
 from trainforge._internal.torch import config as torch_config
 from trainforge._internal.torch import train_loop_utils
@@ -176,7 +177,7 @@ def test_rendezvous_uses_node_ip_across_hosts():
     group = TwoHosts()
     _TorchBackend().on_start(group, TorchConfig(backend="gloo"))
     addr, port, backend, world_size, timeout_s, init_method = group.args
-    assert addr == torch_config._node_ip()
+    assert addr == network.node_ip()
     assert (backend, world_size, timeout_s, init_method) == ("gloo", 2, 1800, "env")
 
 
@@ -329,7 +330,7 @@ def _two_rank_worker(rank: int, world_size: int, port: int, out_dir: str) -> Non
 def _run_ranks(world_size: int, out_dir: Path, timeout: float = 120) -> None:
     """Run ``_two_rank_worker`` in ``world_size`` fresh interpreters (plain subprocesses, so nothing
     such as multiprocessing's resource tracker outlives the test)."""
-    port = torch_config._free_port()
+    port = network.free_port()
     pythonpath = os.pathsep.join(filter(None, [str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
     procs = [
         subprocess.Popen(

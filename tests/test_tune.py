@@ -22,6 +22,7 @@ from trainforge import (
     ScalingConfig,
     tune,  # was: from ray import tune
 )
+from trainforge._testing.procs import RUN_ENV
 from trainforge.tune import RunConfig, TuneConfig, Tuner
 
 pytestmark = pytest.mark.slow
@@ -296,12 +297,32 @@ def _assert_gone(tmp_path):
 
     pids = {int(line.split()[2]) for line in (tmp_path / "steps.log").read_text().splitlines()}
     warm = [p for p in psutil.process_iter(["cmdline"])
-            if any("trainforge_tune_warm_" in part for part in p.info["cmdline"] or [])]  # fmt: skip
+            if any("trainforge_tune_warm_" in part for part in p.info["cmdline"] or []) and _of_this_worker(p)]  # fmt: skip
     procs = [p for p in (_process(pid) for pid in pids) if p is not None] + warm
     _, alive = psutil.wait_procs(procs, timeout=10)
     for p in alive:
         p.kill()
     assert not alive, f"left behind: {alive}"
+
+
+def _of_this_worker(p):
+    """Started by this test process (its run tag, which pytest-xdist workers each have their own of)."""
+    import psutil
+
+    try:
+        return p.environ().get(RUN_ENV) == os.environ.get(RUN_ENV)
+    except psutil.Error:
+        return False
+
+
+def _of_this_worker(p):
+    """Started by this test process (its run tag, which pytest-xdist workers each have their own of)."""
+    import psutil
+
+    try:
+        return p.environ().get(RUN_ENV) == os.environ.get(RUN_ENV)
+    except psutil.Error:
+        return False
 
 
 def _process(pid):
@@ -346,12 +367,13 @@ def test_a_tuner_killed_with_sigkill_continues_without_rerunning_finished_trials
 
 def test_train_never_imports_tune():
     root = os.path.dirname(trainforge.__file__)
+    above = {os.path.join(root, "_cli.py")}  # the composition root, above every layer (its commands include tune's)
     offenders = []
     for dirpath, _, files in os.walk(root):
-        if os.path.join(root, "tune") in dirpath:
+        if os.path.join(root, "tune") in dirpath or os.path.join(root, "_testing") in dirpath:
             continue
         for name in files:
-            if name.endswith(".py"):
+            if name.endswith(".py") and os.path.join(dirpath, name) not in above:
                 with open(os.path.join(dirpath, name)) as f:
                     if "trainforge.tune" in f.read():
                         offenders.append(os.path.join(dirpath, name))

@@ -19,6 +19,7 @@ pytest.importorskip("fastapi")
 
 import trainforge  # noqa: E402
 from trainforge import DataParallelTrainer, RunConfig, ScalingConfig  # noqa: E402
+from trainforge._testing.wait import wait_until
 
 FAKE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_nvml")
 MIB = 2**20
@@ -70,13 +71,6 @@ def _gated(config: dict[str, Any]) -> None:
         time.sleep(0.02)
 
 
-def _wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 @pytest.mark.slow
 def test_per_process_gpu_memory_and_utilisation_reach_the_usage_api(tmp_path, monkeypatch):
     """Two workers: each holds 100 MiB on device 0 (30 %), the one of even pid 50 MiB more on device 1
@@ -104,7 +98,7 @@ def test_per_process_gpu_memory_and_utilisation_reach_the_usage_api(tmp_path, mo
         def workers() -> dict[int, dict[str, Any]]:
             return {p["pid"]: p for p in usage()["processes"] if p["role"] == "worker" and p.get("gpu_memory")}
 
-        _wait_until(lambda: sorted(workers()) == pids, 60, "both workers' GPU readings")
+        wait_until(lambda: sorted(workers()) == pids, 60, "both workers' GPU readings")
         reading = usage()
         rows = {p["pid"]: p for p in reading["processes"] if p["role"] == "worker"}
         expected = {pid: ((150 if pid % 2 == 0 else 100) * MIB, 70.0 if pid % 2 == 0 else 30.0) for pid in pids}

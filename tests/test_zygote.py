@@ -1,4 +1,4 @@
-"""The warm fork server (trainforge/_internal/zygote.py): a real zygote process, real forked children.
+"""The warm fork server (trainforge/_internal/zygote/): a real zygote process, real forked children.
 
 What a child must look like is what ``python -m module`` would have been: its exit code, its output on
 the fds it was given, its environment (and the identifying variables visible in /proc/PID/environ,

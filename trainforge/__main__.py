@@ -1,5 +1,5 @@
 import sys
 
-from trainforge._internal.cli import main
+from trainforge._cli import main
 
 sys.exit(main())

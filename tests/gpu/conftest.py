@@ -57,7 +57,7 @@ def gpu0() -> dict[str, Any]:
     a worker given it would get in ``CUDA_VISIBLE_DEVICES`` (trainforge's first visible GPU)."""
     import torch
 
-    from trainforge._internal.worker_env import local_gpu_ids
+    from trainforge._internal.devices import local_gpu_ids
 
     props = torch.cuda.get_device_properties(0)
     return {"name": props.name, "uuid": "GPU-" + str(props.uuid).removeprefix("GPU-"), "id": local_gpu_ids()[0],
@@ -70,7 +70,7 @@ def gpu_server(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     as the server measures them), found by ``trainer.submit()`` through $TRAINFORGE_SERVER_DIR. Fails
     the test if a job process outlives it or a request failed inside it (as ``train_server``)."""
     pytest.importorskip("fastapi", reason="the train server needs fastapi: carry the wheels (bash scripts/gpu_wheels.sh)")
-    from trainforge._internal.worker_env import local_gpu_ids
+    from trainforge._internal.devices import local_gpu_ids
     from trainforge._testing.server import TrainServer
 
     server = TrainServer(str(tmp_path / "server"), capacity=f"CPU=4,GPU={len(local_gpu_ids())}").start()

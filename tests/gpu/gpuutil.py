@@ -13,8 +13,7 @@ LOADED: list[Any] = []  # every model load_on_cuda returned in this process
 def load_on_cuda(directory: str) -> Any:
     """A registry loader (``loader="gpuutil:load_on_cuda"``): the version's ``trainforge.model.Model``,
     its networks moved to ``cuda``; its ``device`` then says ``cuda:0``, where ``preprocess`` puts inputs."""
-    from trainforge._internal.managed.artifact import load_model
-    from trainforge.model import Model
+    from trainforge.model import Model, load_model
 
     model = load_model(directory, Model)
     for net in model.models:

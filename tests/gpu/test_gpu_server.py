@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -14,15 +13,9 @@ import torch
 from gpuutil import gpu_job
 
 from trainforge import DataParallelTrainer, ScalingConfig
+from trainforge._testing.wait import wait_until
 
 MIB = 2**20
-
-
-def _wait_until(predicate: Any, timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _first_report(job: Any, timeout: float = 180.0) -> Any:
@@ -76,7 +69,7 @@ def test_a_job_granted_a_gpu_sees_only_it_and_its_gpu_memory_reaches_the_usage_a
             rows = [p for p in usage["processes"] if p["pid"] == first["pid"] and p.get("gpu_memory")]
             return rows[0] if rows else None
 
-        _wait_until(lambda: worker_row() is not None, 60, "the worker's GPU memory in the job's usage")
+        wait_until(lambda: worker_row() is not None, 60, "the worker's GPU memory in the job's usage")
         usage = job.client.request("GET", f"/jobs/{job.id}/usage")
         row = worker_row()
         assert usage["gpu"] == "ok" and row is not None and row["role"] == "worker"

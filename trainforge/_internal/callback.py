@@ -30,6 +30,12 @@ class Callback:
         number of the attempt about to start, as ``get_context().get_attempt()`` will say in it (1 at
         the first restart); ``reason`` is one line (the failure's root cause, or the resize)."""
 
+    def on_resize(self, attempt: int, workers: int, reason: str) -> None:
+        """An elastic resize (trainforge extension): the group is about to start again with
+        ``workers`` workers, from its latest checkpoint. By default, the same as
+        ``on_restart(attempt, reason)``."""
+        self.on_restart(attempt, reason)
+
     def on_run_end(self, result: Result) -> None:
         pass
 

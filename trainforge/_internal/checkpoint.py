@@ -10,6 +10,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+from trainforge._internal.filesystem import is_local_fs
+
 METADATA_FILE = ".metadata.json"
 
 
@@ -52,13 +54,20 @@ class Checkpoint:
         use, from ``Registry()`` or the registry named by ``?registry=<url>``), a URL of any fsspec
         filesystem (``s3://bucket/run/checkpoint_000002``) or a local directory."""
         uri = os.fspath(uri)
-        if uri.startswith("models:/"):
-            from trainforge.registry import Registry, parse_model_uri
+        scheme, sep, _ = uri.partition(":/")
+        if sep and scheme.isidentifier() and not uri.startswith(f"{scheme}://"):  # models:/..., not s3://
+            from trainforge._internal.extensions import CHECKPOINT_SCHEMES, lookup
 
-            ref = parse_model_uri(uri)
-            return Registry(ref.registry).get(ref).checkpoint  # type: ignore[no-any-return]
+            resolve = lookup(CHECKPOINT_SCHEMES, scheme)
+            if resolve is None:
+                raise ValueError(
+                    f"Checkpoint.from_uri({uri!r}): nothing handles {scheme}:/ URIs here. models:/ URIs need the "
+                    "model registry (trainforge.registry, part of trainforge: reinstall it, or import "
+                    "trainforge.registry first when running from a checkout)."
+                )
+            return resolve(uri)  # type: ignore[no-any-return]
         if "://" in uri and not uri.startswith("file://"):
-            from trainforge._internal.storage import resolve_filesystem
+            from trainforge._internal.filesystem import resolve_filesystem
 
             fs, path = resolve_filesystem(uri)
             return cls(path, fs)
@@ -66,7 +75,7 @@ class Checkpoint:
 
     @property
     def is_local(self) -> bool:
-        return self.filesystem is None or _is_local_fs(self.filesystem)
+        return self.filesystem is None or is_local_fs(self.filesystem)
 
     def to_directory(self, path: str | os.PathLike | None = None) -> str:
         """Copy the checkpoint files into ``path`` (a new temporary directory by default); return it."""
@@ -146,10 +155,3 @@ class Checkpoint:
         if not self.is_local:
             raise TypeError("a remote checkpoint has no local path; use as_directory() or to_directory()")
         return self.path
-
-
-def _is_local_fs(fs: Any) -> bool:
-    protocol = getattr(fs, "protocol", None)
-    if isinstance(protocol, (tuple, list)):
-        return "file" in protocol or "local" in protocol
-    return protocol in ("file", "local")

@@ -28,6 +28,14 @@ ENV_MASTER_PORT = "MASTER_PORT"
 ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 ENV_WORKER_PRELOAD = "TRAINFORGE_WORKER_PRELOAD"  # comma-separated modules a worker imports first
+# The worker protocol (worker_group/worker_main.py): where a worker connects, its key and authkey, its
+# stack-dump file, and a local worker's report ring (report_ring.py).
+ENV_DRIVER_ADDR = "TRAINFORGE_DRIVER_ADDR"
+ENV_AUTHKEY = "TRAINFORGE_AUTHKEY"
+ENV_STACK_FILE = "TRAINFORGE_STACK_FILE"
+ENV_WORKER_KEY = "TRAINFORGE_WORKER_KEY"
+ENV_REPORT_RING_FD = "TRAINFORGE_REPORT_RING_FD"
+ENV_REPORT_WAKE_FD = "TRAINFORGE_REPORT_WAKE_FD"  # the ring's wake-up eventfd
 
 # Set by the train server's runner for everything a job runs (inherited by its workers): the job's id
 # (every process of a job can be found by it), and a file every fit() in the job appends its

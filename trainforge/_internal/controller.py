@@ -25,14 +25,14 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
-from trainforge._internal import constants
+from trainforge._internal.attempt_reports import AttemptReports
 from trainforge._internal.backend import Backend, BackendConfig
 from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.checkpoint_manager import CheckpointManager
+from trainforge._internal.controller_hooks import ControllerHooks
 from trainforge._internal.exceptions import (
     StorageError,
     TrainingFailedError,
@@ -41,7 +41,9 @@ from trainforge._internal.exceptions import (
     format_failures,
 )
 from trainforge._internal.failure_policy import FailureDecision, FailurePolicy
+from trainforge._internal.hang_check import hung_workers
 from trainforge._internal.metrics_log import MetricsLog
+from trainforge._internal.resource_wait import ResourcesUnavailable, ResourceWait
 from trainforge._internal.result import Result, TrainingReport
 from trainforge._internal.scaling_policy import ScalingDecision, ScalingPolicy
 from trainforge._internal.storage import StorageContext
@@ -68,20 +70,18 @@ _RESIZE_SUFFIX = " workers"
 
 
 def resize_reason(n: int) -> str:
-    """The restart reason callbacks get for a resize to ``n`` workers (``on_restart``)."""
+    """The restart reason, in words, that callbacks get for a resize to ``n`` workers (``on_resize``,
+    or ``on_restart`` for one without it). The size itself travels as data: ``on_resize``'s ``workers``."""
     return f"{_RESIZE_PREFIX}{n}{_RESIZE_SUFFIX}"
 
 
 def parse_resize_reason(reason: str) -> int | None:
-    """The worker count of a :func:`resize_reason`, or None for any other restart reason."""
+    """The worker count of a :func:`resize_reason`, or None for any other restart reason (for a
+    reader of the text only, such as a test of it: the code passes the count as data)."""
     if not (reason.startswith(_RESIZE_PREFIX) and reason.endswith(_RESIZE_SUFFIX)):
         return None
     n = reason[len(_RESIZE_PREFIX):-len(_RESIZE_SUFFIX)]
     return int(n) if n.isdigit() else None
-
-
-class _ResourcesUnavailable(Exception):
-    pass
 
 
 class RunState(enum.Enum):
@@ -92,42 +92,6 @@ class RunState(enum.Enum):
     RESIZING = "resizing"
     FINISHED = "finished"
     ERRORED = "errored"
-
-
-@dataclass
-class _AttemptReports:
-    """Reports of one attempt, by report index, until every rank has made them."""
-
-    world_size: int
-    pending: dict[int, dict[int, ReportEvent]] = field(default_factory=dict)
-    counts: dict[int, int] = field(default_factory=dict)
-    done: dict[int, int] = field(default_factory=dict)
-    rank0_rows: dict[int, int] = field(default_factory=dict)  # report index -> history length after it
-
-    def add(self, ev: ReportEvent) -> dict[int, ReportEvent] | None:
-        self.counts[ev.rank] = self.counts.get(ev.rank, 0) + 1
-        by_rank = self.pending.setdefault(ev.index, {})
-        by_rank[ev.rank] = ev
-        if len(by_rank) == self.world_size:
-            return self.pending.pop(ev.index)
-        return None
-
-
-@dataclass
-class ControllerHooks:
-    """Driver-side functions the controller calls; supplied by the trainer."""
-
-    make_worker_group: Callable[[], WorkerGroup]
-    make_specs: Callable[[int, int], list[WorkerSpec]]  # (attempt, num_workers) -> specs
-    make_payloads: Callable[[int, Checkpoint | None, list[WorkerSpec]], list[bytes]]
-    worker_init_fn: Callable[[], Any] | None = None
-    preload: tuple[str, ...] = ()
-    callbacks: list[Any] = field(default_factory=list)
-    # Called once a group is training, with its size and whether a later restart or resize is
-    # possible (the local executor then pre-starts standby workers).
-    after_start: Callable[[int, bool], None] | None = None
-    # Called with each failed attempt's records (``attempt`` set), once its group is stopped.
-    on_failure: Callable[[list[WorkerFailure]], None] | None = None
 
 
 class Controller:
@@ -160,11 +124,11 @@ class Controller:
         self.group: WorkerGroup | None = None
         self.failures: list[list[WorkerFailure]] = []
         self.error: BaseException | None = None
-        self._reports: _AttemptReports | None = None
+        self._reports: AttemptReports | None = None
         self._specs: list[WorkerSpec] = []
         self._out: list[TrainingReport] = []
         self._resize_to: int | None = None
-        self._waiting_since: float | None = None
+        self._resource_wait = ResourceWait()  # SCHEDULING's patience
         self.sizes: list[int] = []  # group size of every attempt, for inspection
         self.stop_event = stop_event  # set from any thread: end the run at the next step
         self.stopped = False
@@ -248,30 +212,10 @@ class Controller:
         self.metrics.truncate(self.checkpoints.latest_metrics_rows)
         self._transition(RunState.SCHEDULING)
 
-    def _group_size(self) -> int | None:
-        if self.scaling is None:
-            return None
-        n = self.scaling.size_now()
-        if n is not None:
-            self._waiting_since = None
-            return n
-        now = time.monotonic()
-        if self._waiting_since is None:
-            self._waiting_since = now
-            logger.warning("waiting for resources: %s", self.scaling.shortage())
-        if now - self._waiting_since > constants.resource_wait_s():
-            raise _ResourcesUnavailable(
-                f"gave up waiting {constants.resource_wait_s():.0f}s for resources: {self.scaling.shortage()}. "
-                f"Lower the minimum of ScalingConfig.num_workers, free resources, or raise "
-                f"${constants.ENV_RESOURCE_WAIT_S}."
-            )
-        time.sleep(min(1.0, constants.resource_wait_s()))  # poll the resource view
-        return None
-
     def _schedule(self) -> None:
         try:
-            n = self._group_size()
-        except _ResourcesUnavailable as exc:
+            n = self._resource_wait.size(self.scaling) if self.scaling is not None else None
+        except ResourcesUnavailable as exc:
             self.error = TrainingFailedError(str(exc), self.failures)
             self._transition(RunState.ERRORED)
             return
@@ -280,7 +224,7 @@ class Controller:
         self._specs = self.hooks.make_specs(self.attempt, n if n is not None else 0)
         self.sizes.append(len(self._specs))
         self.group = self.hooks.make_worker_group()
-        self._reports = _AttemptReports(world_size=len(self._specs))
+        self._reports = AttemptReports(world_size=len(self._specs))
         try:
             t0 = time.monotonic()
             self.group.start(self._specs, self.hooks.preload)
@@ -314,7 +258,7 @@ class Controller:
         failures: list[WorkerFailure] = []
         self._handle(self.group.poll(POLL_INTERVAL_S), failures)
         if not failures and self.hang_timeout_s is not None:
-            failures = self._hung_workers()
+            failures = hung_workers(self.group, self.hang_timeout_s)
         if failures:
             deadline = time.monotonic() + FAILURE_SETTLE_S
             while time.monotonic() < deadline and not self._all_ended(failures):
@@ -334,28 +278,6 @@ class Controller:
         ended = {f.rank for f in failures} | set(self._reports.done)
         return ended >= set(range(len(self._specs)))
 
-    def _hung_workers(self) -> list[WorkerFailure]:
-        assert self.group is not None and self.hang_timeout_s is not None
-        now = time.monotonic()
-        hung = [r for r, t in sorted(self.group.last_progress().items()) if now - t > self.hang_timeout_s]
-        failures = []
-        for rank in hung:
-            meta = self.group.worker_metadata[rank]
-            failures.append(
-                WorkerFailure(
-                    rank=rank,
-                    pid=meta.pid,
-                    kind="hung",
-                    message=(
-                        f"no report and no output for more than {self.hang_timeout_s:g}s "
-                        "(FailureConfig.hang_timeout_s)"
-                    ),
-                    traceback=self.group.dump_stacks(rank),
-                    time=time.time(),
-                )
-            )
-        return failures
-
     def _resize(self) -> None:
         """Grow or shrink an elastic group: stop it right after a committed checkpoint and start one
         of the new size from that checkpoint (no failure is counted)."""
@@ -371,7 +293,11 @@ class Controller:
         self.metrics.truncate(self.checkpoints.latest_metrics_rows)
         self.attempt += 1
         for cb in self.hooks.callbacks:
-            cb.on_restart(self.attempt, resize_reason(n))
+            on_resize = getattr(cb, "on_resize", None)  # the new size as data; callbacks need not subclass Callback
+            if on_resize is not None:
+                on_resize(self.attempt, n, resize_reason(n))
+            else:
+                cb.on_restart(self.attempt, resize_reason(n))
         self._transition(RunState.SCHEDULING)
 
     def _restart(self) -> None:

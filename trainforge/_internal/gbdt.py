@@ -133,13 +133,6 @@ class GBDTTrainer(DataParallelTrainer):
     _param_space_keys = ("params", "num_boost_round")
 
 
-def require(module: str, message: str) -> None:
-    """Raise ``ImportError(message)`` when ``module`` is not installed, without importing it (the
-    driver of a run need not pay for the framework's import: its workers import it)."""
-    if importlib.util.find_spec(module) is None:
-        raise ImportError(message)
-
-
 def import_in_background(module: str) -> None:
     """Start importing ``module`` on a daemon thread, so that the driver's later import of it (the
     XGBoost tracker, about a second with the scikit-learn it pulls in) overlaps the workers' start.

@@ -1,7 +1,10 @@
-"""``JobEventsCallback``: every ``fit()`` inside a train-server job appends its events to one file.
+"""The job events file: every ``fit()`` inside a train-server job appends its events to one file,
+and the server (and its API) reads them back. The one definition of the format: its event types
+(:class:`EventType`), its writer (:class:`JobEventsCallback`) and its reader (:func:`read_events`,
+:func:`events_with_offsets`) beside each other.
 
 The server's runner sets ``$TRAINFORGE_JOB_EVENTS`` (constants) to a file in the job's directory; a
-run started with it set adds this callback, so the same trainer/controller code runs in a job as in
+run started with it set adds the callback, so the same trainer/controller code runs in a job as in
 a local ``fit()`` and the server learns what happened by reading the file (even the part that
 happened while the server itself was down). One JSON object per line, flushed as it is written:
 
@@ -9,17 +12,22 @@ happened while the server itself was down). One JSON object per line, flushed as
   is the job's attempt on the server (``$TRAINFORGE_JOB_ATTEMPT``: 1 for its first runner, 2 for the
   one that took over a lost one, ...; None if the server did not say)
 - ``{"type": "report", "index", "attempt", "metrics", "all_metrics", "checkpoint", "t"}``
+  (:func:`decode_report` turns one back into a ``TrainingReport``)
 - ``{"type": "restart", "attempt", "reason", "t"}``, plus ``"workers"`` (the new group size) when the
-  restart is an elastic resize (grow or shrink at a checkpoint); the server reads it to know a
-  shrink it asked for happened
+  restart is an elastic resize (grow or shrink at a checkpoint: the controller calls
+  :meth:`JobEventsCallback.on_resize` with the size); the server reads it to know a shrink it asked
+  for happened
 - ``{"type": "run_end", "status": "finished" | "errored", "error", "metrics", "checkpoint", "t"}``
 
-Its reader is :func:`read_events` (complete lines from a byte offset); :class:`Segments` says which
-attempt and run each report belongs to, so a series never joins the steps of two of them.
+Readers go by byte offsets: only complete lines count (a line being written is read next time), a
+line that is not a JSON object is skipped, and the offset after what was read is where the next read
+starts (the server keeps it per job, the API sends it as each event's id). :class:`Segments` says
+which attempt and run each report belongs to, so a series never joins the steps of two of them.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import threading
@@ -29,12 +37,26 @@ from typing import IO, TYPE_CHECKING, Any
 
 from trainforge._internal import constants
 from trainforge._internal.callback import Callback
-from trainforge._internal.controller import parse_resize_reason
 from trainforge._internal.state_files import open_append
 from trainforge._internal.storage import dumps
 
 if TYPE_CHECKING:
     from trainforge._internal.result import Result, TrainingReport
+
+
+class EventType(str, enum.Enum):
+    """The ``type`` of each line of a job events file; a ``str`` (``EventType.REPORT == "report"``)."""
+
+    RUN_START = "run_start"
+    REPORT = "report"
+    RESTART = "restart"
+    RUN_END = "run_end"
+
+    def __str__(self) -> str:  # "report", not "EventType.REPORT" (as enum.StrEnum, which 3.10 lacks)
+        return str.__str__(self)
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)
 
 
 def job_events_callback() -> JobEventsCallback | None:
@@ -60,13 +82,13 @@ class JobEventsCallback(Callback):
 
     def on_run_start(self, run_path: str, num_workers: int | tuple[int, int]) -> None:
         name = run_path.rstrip("/").rsplit("/", 1)[-1]
-        self._write({"type": "run_start", "run_path": run_path, "name": name, "num_workers": num_workers,
-                     "job_attempt": constants.job_attempt()})  # fmt: skip
+        self._write({"type": EventType.RUN_START.value, "run_path": run_path, "name": name,
+                     "num_workers": num_workers, "job_attempt": constants.job_attempt()})  # fmt: skip
 
     def on_report(self, report: TrainingReport) -> None:
         self._write(
             {
-                "type": "report",
+                "type": EventType.REPORT.value,
                 "index": report.index,
                 "attempt": report.attempt,
                 "metrics": report.metrics,
@@ -76,16 +98,16 @@ class JobEventsCallback(Callback):
         )
 
     def on_restart(self, attempt: int, reason: str) -> None:
-        event: dict[str, Any] = {"type": "restart", "attempt": attempt, "reason": reason}
-        workers = parse_resize_reason(reason)
-        if workers is not None:
-            event["workers"] = workers
-        self._write(event)
+        self._write({"type": EventType.RESTART.value, "attempt": attempt, "reason": reason})
+
+    def on_resize(self, attempt: int, workers: int, reason: str) -> None:
+        """An elastic resize: a restart that carries the group's new size (``workers``)."""
+        self._write({"type": EventType.RESTART.value, "attempt": attempt, "reason": reason, "workers": workers})
 
     def on_run_end(self, result: Result) -> None:
         self._write(
             {
-                "type": "run_end",
+                "type": EventType.RUN_END.value,
                 "status": "errored" if result.error is not None else "finished",
                 "error": str(result.error) if result.error is not None else None,
                 "metrics": result.metrics,
@@ -98,28 +120,87 @@ class JobEventsCallback(Callback):
                 self._file = None
 
 
+def decode_report(event: dict[str, Any]) -> TrainingReport:
+    """A ``report`` event (as written by :meth:`JobEventsCallback.on_report`) as the
+    :class:`~trainforge.TrainingReport` that ``fit_iter()`` yielded for it."""
+    from trainforge._internal.checkpoint import Checkpoint
+    from trainforge._internal.result import TrainingReport
+
+    ckpt = event.get("checkpoint")
+    return TrainingReport(
+        index=event["index"], metrics=event["metrics"], all_metrics=event.get("all_metrics") or [event["metrics"]],
+        checkpoint=Checkpoint(ckpt) if ckpt else None, attempt=event.get("attempt", 0),
+    )  # fmt: skip
+
+
+def events_with_offsets(path: str, offset: int = 0, *, limit: int | None = None) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+    """The events in the file from byte ``offset``, each with the byte offset just after its line,
+    and the offset after the last complete line read (past skipped lines too). ``limit``: read
+    about that many bytes at most (more only to finish a line longer than it), so that a client far
+    behind gets the file in pieces."""
+    data = _complete_lines(path, offset, limit)
+    events: list[tuple[int, dict[str, Any]]] = []
+    pos = offset
+    for line in data.split(b"\n")[:-1]:
+        pos += len(line) + 1
+        event = _parse(line)
+        if event is not None:
+            events.append((pos, event))
+    return events, offset + len(data)
+
+
 def read_events(path: str, offset: int = 0) -> tuple[Iterator[dict[str, Any]], int]:
     """The events in the file from byte ``offset`` (parsed as they are iterated), and the offset
     after them. Only complete lines count (a line being written is read next time); a line that is
     not a JSON object is skipped."""
+    data = _complete_lines(path, offset, None)
+    return (e for line in data.split(b"\n")[:-1] if (e := _parse(line)) is not None), offset + len(data)
+
+
+def end_offset(path: str) -> int:
+    """The byte offset after the file's last complete line (0 if it has none, or there is no file):
+    where a reader that wants only what comes from now on starts."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            pos = max(0, size - 65536)
+            while True:
+                f.seek(pos)
+                block = f.read(size - pos)
+                i = block.rfind(b"\n")
+                if i >= 0:
+                    return pos + i + 1
+                if pos == 0:
+                    return 0
+                size, pos = pos, max(0, pos - 65536)
+    except FileNotFoundError:
+        return 0
+
+
+def _complete_lines(path: str, offset: int, limit: int | None) -> bytes:
+    """The file's bytes from ``offset`` up to its last complete line (``limit``: see
+    :func:`events_with_offsets`); empty if there is no file or no complete line yet."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
-            data = f.read()
+            if limit is None:
+                data = f.read()
+            else:
+                data = more = f.read(limit)
+                while more and b"\n" not in more:  # a line longer than limit: read on to its end
+                    more = f.read(limit)
+                    data += more
     except FileNotFoundError:
-        return iter(()), offset
-    end = data.rfind(b"\n") + 1
-    return _parse(data[:end]), offset + end
+        return b""
+    return data[: data.rfind(b"\n") + 1]
 
 
-def _parse(data: bytes) -> Iterator[dict[str, Any]]:
-    for line in data.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            yield event
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
 
 
 class Segments:
@@ -140,12 +221,12 @@ class Segments:
     def add(self, event: dict[str, Any]) -> int | None:
         """Take the next event; for a report, the number of its segment."""
         kind = event.get("type")
-        if kind == "run_start":
+        if kind == EventType.RUN_START:
             self._open(event.get("name"), event.get("job_attempt"), 0)
-        elif kind == "restart":
+        elif kind == EventType.RESTART:
             last = self.segments[-1] if self.segments else {}
             self._open(last.get("run"), last.get("job_attempt"), event.get("attempt"))
-        elif kind == "report":
+        elif kind == EventType.REPORT:
             if not self.segments:  # reports before any run_start (not written by JobEventsCallback)
                 self._open(None, None, event.get("attempt", 0))
             self.segments[-1]["end"] = self.reports

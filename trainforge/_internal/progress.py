@@ -1,5 +1,6 @@
 """The default console output of a run (``RunConfig.verbose``): where results go, worker start-up,
-rank-0 metrics at most once a second (every report with verbose=2), warnings, and the outcome.
+rank-0 metrics at most once a second (every report with verbose=2; the first time a report goes
+unshown, a line says so and where every report is), warnings, and the outcome.
 
 Every line starts ``trainforge: ``. Warnings (waiting for resources, restarts, resizes, storage
 retries, unequal report counts, ...) are records of the ``trainforge`` logger: the package gives it
@@ -13,12 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from trainforge._internal.callback import Callback
+from trainforge._internal.constants import ENV_JOB_ID
+from trainforge._internal.storage import METRICS_FILE
 
 
 def console(text: str) -> None:
@@ -65,6 +69,16 @@ def format_metrics(metrics: dict[str, Any]) -> str:
     return " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
 
 
+def all_reports_note(run_path: str) -> str:
+    """The line said once, when report lines start to skip reports: that they are sampled, and where
+    every report is (in a train-server job: the job's metrics; else the run's)."""
+    job = os.environ.get(ENV_JOB_ID)
+    where = (f"job {job}'s metrics (its dashboard page; GET /api/v1/jobs/{job}/metrics)" if job
+             else f"Result.metrics_dataframe and {run_path.rstrip('/')}/{METRICS_FILE}")  # fmt: skip
+    return (f"[report lines: at most one a second, so not every report is shown (RunConfig(verbose=2) shows "
+            f"each); all are in {where}]")  # fmt: skip
+
+
 class ProgressReporter(Callback):
     def __init__(self, verbose: int, name: str, executor: str = "local"):
         self.verbose = verbose
@@ -72,6 +86,9 @@ class ProgressReporter(Callback):
         self.kind = "Ray" if executor == "ray" else "local"
         self._last_print = 0.0
         self._pending: Any = None
+        self._skipped = False  # a report was never shown since the last line
+        self._noted = False  # the sampling was said (once a run)
+        self._run_path = ""
         self._t0 = time.monotonic()
 
     def _print(self, text: str) -> None:
@@ -79,6 +96,8 @@ class ProgressReporter(Callback):
 
     def on_run_start(self, run_path: str, num_workers: Any) -> None:
         self._t0 = time.monotonic()
+        self._run_path = run_path
+        self._noted = False
         workers = f"{num_workers[0]}-{num_workers[1]}" if isinstance(num_workers, tuple) else str(num_workers)
         self._print(f"run {self.name!r} on {workers} {self.kind} worker(s); results in {run_path}")
 
@@ -87,9 +106,15 @@ class ProgressReporter(Callback):
         if self.verbose >= 2 or report.checkpoint is not None or now - self._last_print >= 1.0:
             self._show(report)
         else:
+            self._skipped = self._skipped or self._pending is not None  # the pending one is replaced
             self._pending = report
 
     def _show(self, report: Any) -> None:
+        self._skipped = self._skipped or (self._pending is not None and self._pending is not report)
+        if self._skipped and not self._noted:
+            self._print(all_reports_note(self._run_path))
+            self._noted = True
+        self._skipped = False
         self._last_print = time.monotonic()
         self._pending = None
         # The report's row in metrics_dataframe; after a restart, also the attempt (get_attempt()).

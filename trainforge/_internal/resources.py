@@ -34,7 +34,7 @@ def local_available() -> dict[str, float]:
         if not isinstance(value, dict):
             raise ValueError(f"${constants.ENV_LOCAL_RESOURCES} must hold a JSON object, got {value!r}")
         return {str(k): float(v) for k, v in value.items()}
-    from trainforge._internal.worker_env import local_gpu_ids
+    from trainforge._internal.devices import local_gpu_ids
 
     return {"CPU": float(os.cpu_count() or 1), "GPU": float(len(local_gpu_ids()))}
 

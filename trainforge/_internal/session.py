@@ -197,7 +197,9 @@ class Session:
 _session: Session | None = None
 
 
-def _set_session(session: Session | None) -> None:
+def set_session(session: Session | None) -> None:
+    """Install ``session`` as this worker process's current one (None: none); the worker's train
+    function does it around the user's loop, and ``trainforge.v1`` puts a guard in front of it."""
     global _session
     _session = session
 

@@ -38,8 +38,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trainforge._internal.checkpoint import METADATA_FILE, Checkpoint, _is_local_fs
+from trainforge._internal.checkpoint import METADATA_FILE, Checkpoint
 from trainforge._internal.exceptions import StorageError
+from trainforge._internal.filesystem import resolve_filesystem
 from trainforge._internal.retry import display_url, is_transient, retry_call
 
 COMMIT_MARKER = ".trainforge_checkpoint.json"
@@ -91,40 +92,6 @@ def _copy_tree(src: str, dest: str) -> None:
         os.makedirs(target, exist_ok=True)
         for name in filenames:
             shutil.copyfile(os.path.join(dirpath, name), os.path.join(target, name))
-
-
-def resolve_filesystem(storage_path: str, filesystem: Any = None) -> tuple[Any, str]:
-    """Return (fsspec filesystem or None for the local disk, path inside it).
-
-    A ``filesystem`` given explicitly is used as it is (``storage_path`` is a path inside it; a
-    ``protocol://`` prefix is stripped). A URL without one is opened with fsspec; a protocol whose
-    implementation is not installed raises ValueError naming the package (and trainforge extra).
-    """
-    if filesystem is not None:
-        return filesystem, filesystem._strip_protocol(storage_path)
-    if "://" not in storage_path or storage_path.startswith("file://"):
-        local = storage_path[len("file://"):] if storage_path.startswith("file://") else storage_path
-        return None, os.path.abspath(os.path.expanduser(local))
-    import fsspec
-
-    try:
-        fs, path = fsspec.core.url_to_fs(storage_path)
-    except (ImportError, ValueError) as exc:
-        protocol = storage_path.split("://", 1)[0]
-        extra = {
-            "s3": "s3fs: pip install 'trainforge[s3]'",
-            "s3a": "s3fs: pip install 'trainforge[s3]'",
-            "gs": "gcsfs: pip install gcsfs",
-            "gcs": "gcsfs: pip install gcsfs",
-        }.get(protocol)
-        hint = f"install {extra}" if extra else f"install the fsspec implementation for '{protocol}://'"
-        raise ValueError(
-            f"RunConfig.storage_path={storage_path!r} cannot be opened: {exc}. To fix: {hint}, or pass "
-            "RunConfig(storage_filesystem=...) with a ready fsspec filesystem."
-        ) from exc
-    if _is_local_fs(fs):
-        return None, os.path.abspath(path)
-    return fs, path
 
 
 class StorageContext:

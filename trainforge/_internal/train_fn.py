@@ -11,7 +11,7 @@ from typing import Any
 
 from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.progress import console_warnings
-from trainforge._internal.session import Session, TrainContext, _set_session
+from trainforge._internal.session import Session, TrainContext, set_session
 
 
 def check_train_loop(fn: Any) -> bool:
@@ -86,7 +86,7 @@ def _run_train_payload(blob: bytes, send: Callable[[tuple], None]) -> int:
     session = Session(
         payload.context, send, payload.storage, payload.checkpoint, payload.shards, payload.upload_mode
     )
-    _set_session(session)
+    set_session(session)
     try:
         args = (payload.config if payload.config is not None else {},) if payload.takes_config else ()
         try:
@@ -104,7 +104,7 @@ def _run_train_payload(blob: bytes, send: Callable[[tuple], None]) -> int:
         # Pending asynchronous uploads are part of the loop: a failed one fails this worker.
         session.close(wait=True)
     finally:
-        _set_session(None)
+        set_session(None)
     return session.report_count
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
 import json
@@ -11,7 +10,6 @@ import os
 import secrets
 import signal
 import threading
-import time
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -20,75 +18,22 @@ from trainforge._internal.callback import run_starting
 from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.checkpoint_manager import CheckpointManager
 from trainforge._internal.config import RunConfig, ScalingConfig
-from trainforge._internal.controller import Controller, ControllerHooks
+from trainforge._internal.controller import Controller
+from trainforge._internal.controller_hooks import ControllerHooks
 from trainforge._internal.exceptions import StorageError, WorkerFailure
-from trainforge._internal.failure_log import failures_to_json, mark_rank_logs
+from trainforge._internal.failure_log import mark_rank_logs
 from trainforge._internal.failure_policy import FailurePolicy
 from trainforge._internal.metrics_log import MetricsLog
 from trainforge._internal.progress import ProgressReporter, console, console_warnings
 from trainforge._internal.result import Result, TrainingReport
-from trainforge._internal.session import TrainContext
-from trainforge._internal.storage import RUN_STATE_FILE, StorageContext, dumps
-from trainforge._internal.train_fn import TrainPayload, check_train_loop
-from trainforge._internal.worker_group.api import WorkerSpec
+from trainforge._internal.storage import RUN_STATE_FILE, StorageContext
+from trainforge._internal.train_fn import check_train_loop
+from trainforge._internal.trainer_state import can_restore, load_trainer, save_trainer, write_run_state
+from trainforge._internal.training_iterator import TrainingIterator
 from trainforge._internal.worker_group.executor import Executor, executor_kind, make_executor
+from trainforge._internal.worker_payloads import MakePayloads, datasets_to_split, payload_maker
 
 logger = logging.getLogger("trainforge")
-
-TRAINER_STATE_FILE = "trainer.pkl"
-
-
-class TrainingIterator:
-    """What ``fit_iter()`` returns: iterate it for each :class:`TrainingReport` as it arrives (a
-    report every rank has made); afterwards ``.result`` holds the final :class:`Result`. Leaving the
-    loop early (``break``) or ``close()`` stops the workers.
-
-    Example::
-
-        run = trainer.fit_iter()
-        for report in run:
-            print(report.index, report.metrics, report.checkpoint)
-        result = run.result
-    """
-
-    def __init__(self, gen: Generator[TrainingReport, None, Result], stop_event: threading.Event | None = None):
-        self._gen = gen
-        self._stop_event = stop_event
-        self.result: Result | None = None
-
-    def stop(self, grace_s: float | None = None) -> None:
-        """Ask the run to end now; callable from any thread (``close()`` is not: it must run in the
-        thread iterating); returns at once. Each worker's train loop ends at its next ``report()``
-        (which raises ``SystemExit(0)`` after sending the report, so ``finally`` blocks
-        run and ``except Exception`` does not catch it); workers still in their loop ``grace_s`` seconds later
-        (default 1) get SIGTERM, then SIGKILL a second later (``grace_s=0``: at once). Reports not
-        every rank made are discarded and the iteration ends; ``.result`` is then the run so far
-        (its latest committed checkpoint, ``error`` None), and its run directory says "stopped" (a
-        later ``fit()`` or ``restore()`` of it continues from there)."""
-        if grace_s is not None and (isinstance(grace_s, bool) or not isinstance(grace_s, (int, float)) or grace_s < 0):
-            raise ValueError(f"stop(grace_s={grace_s!r}) is not valid: use a number of seconds >= 0")
-        if self._stop_event is not None:
-            self._stop_event.grace_s = grace_s  # type: ignore[attr-defined]
-            self._stop_event.set()
-
-    def __iter__(self) -> TrainingIterator:
-        return self
-
-    def __next__(self) -> TrainingReport:
-        try:
-            return next(self._gen)
-        except StopIteration as stop:
-            self.result = stop.value
-            raise StopIteration from None
-
-    def close(self) -> None:
-        self._gen.close()
-
-    def __enter__(self) -> TrainingIterator:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 class _TerminateSignal:
@@ -173,7 +118,7 @@ class DataParallelTrainer:
         check_datasets(datasets, allow_ray=executor_kind(self.scaling_config) == "ray")
         self.datasets = datasets
         self.dataset_config = dataset_config
-        self._datasets_to_split = _datasets_to_split(dataset_config)
+        self._datasets_to_split = datasets_to_split(dataset_config)
         if metadata is not None and not isinstance(metadata, dict):
             raise TypeError(f"metadata={metadata!r} must be a dict (or None).")
         try:
@@ -196,7 +141,7 @@ class DataParallelTrainer:
             raise TypeError(f"worker_init_fn={worker_init_fn!r} must be a function taking no arguments.")
         self.worker_init_fn = worker_init_fn
         if executor_kind(self.scaling_config) == "local":
-            from trainforge._internal.worker_env import local_gpu_groups
+            from trainforge._internal.devices import local_gpu_groups
 
             # Fail now, not after start-up, if even the minimum number of workers cannot get its GPUs.
             # (On Ray, fit() checks the request against the cluster before any worker starts.)
@@ -237,6 +182,7 @@ class DataParallelTrainer:
         hold: bool = False,
         max_retries: int = 1,
         env: dict[str, str] | None = None,
+        preemptible: bool = False,
     ) -> Any:
         """Queue this trainer's run on a train server (``trainforge[server]``) and return its job
         handle (:class:`trainforge.server.Job`: ``status()``, ``wait()``, ``result()`` -- the Result
@@ -245,42 +191,32 @@ class DataParallelTrainer:
         in the background, and this says so. ``wait=True`` streams the job's output here until it
         ends (Ctrl-C detaches; the job goes on); ``callback`` is called with the Result when it
         ends. ``max_retries``: times the job is requeued if its runner is lost (worker failures
-        are ``FailureConfig``'s, inside the job). ``fit()`` is unchanged and stays local."""
-        from trainforge.server._client import submit_trainer
+        are ``FailureConfig``'s, inside the job). ``preemptible``: the server may ask it to give its
+        resources back to a higher-priority job (it stops as after Ctrl-C, is requeued and resumes
+        from its latest checkpoint). ``fit()`` is unchanged and stays local."""
+        from trainforge._internal.extensions import SUBMITTERS, lookup
 
+        submit_trainer = lookup(SUBMITTERS, "server")
+        if submit_trainer is None:
+            raise ImportError("trainer.submit() needs the train server's client: pip install 'trainforge[server]' "
+                              "(from a checkout on PYTHONPATH, import trainforge.server first)")  # fmt: skip
         return submit_trainer(
             self, wait=wait, callback=callback, address=address, name=name, priority=priority, hold=hold,
-            max_retries=max_retries, env=env,
+            max_retries=max_retries, env=env, preemptible=preemptible,
         )  # fmt: skip
 
     @classmethod
     def can_restore(cls, path: str | os.PathLike, storage_filesystem: Any = None) -> bool:
         """True if ``path`` is a run directory that :meth:`restore` can resume."""
-        parent, _, name = os.fspath(path).rstrip("/").rpartition("/")
-        storage = StorageContext(parent or ".", name, storage_filesystem)
-        return storage.read_text(RUN_STATE_FILE) is not None and storage._exists(storage.path(TRAINER_STATE_FILE))
+        return can_restore(path, storage_filesystem)
 
     @classmethod
     def restore(cls, path: str | os.PathLike, storage_filesystem: Any = None, **overrides: Any) -> DataParallelTrainer:
         """Rebuild the trainer of an interrupted run; ``fit()`` then resumes from its latest committed
         checkpoint, continuing its metrics history. Datasets are not stored: pass ``datasets=`` again.
         Any constructor argument may be overridden (e.g. ``train_loop_per_worker=``)."""
-        import cloudpickle
-
-        parent, _, name = os.fspath(path).rstrip("/").rpartition("/")
-        storage = StorageContext(parent or ".", name, storage_filesystem)
-        if not cls.can_restore(path, storage_filesystem):
-            raise ValueError(
-                f"{cls.__name__}.restore({os.fspath(path)!r}): not a trainforge run directory "
-                f"({RUN_STATE_FILE} or {TRAINER_STATE_FILE} missing). Check the path with can_restore()."
-            )
-        state = cloudpickle.loads(storage.read_bytes(TRAINER_STATE_FILE))
-        trainer_cls = state.pop("trainer_cls")
-        state.update(overrides)
-        run_config: RunConfig = state["run_config"]
-        run_config.name = name
-        run_config.storage_path = parent or "."
-        return trainer_cls(**state)
+        trainer: DataParallelTrainer = load_trainer(cls, path, storage_filesystem, overrides)
+        return trainer
 
     # -- internals --------------------------------------------------------------------------------
     def _constructor_state(self) -> dict[str, Any]:
@@ -322,32 +258,7 @@ class DataParallelTrainer:
     ) -> None:
         cc = self.run_config.checkpoint_config
         assert cc is not None
-        state = {
-            "trainer": type(self).__name__,
-            "status": status,
-            "num_workers": self.scaling_config.num_workers,
-            "checkpoint_config": {
-                "num_to_keep": cc.num_to_keep,
-                "checkpoint_score_attribute": cc.checkpoint_score_attribute,
-                "checkpoint_score_order": cc.checkpoint_score_order,
-            },
-            "error": str(error) if error is not None else None,
-            "failures": failures_to_json(failures or []),  # those the run recovered from too
-            "time": time.time(),
-        }
-        storage.write_text(RUN_STATE_FILE, dumps(state))
-
-    def _save_trainer(self, storage: StorageContext) -> bool:
-        """Save the trainer for :meth:`restore`; False if it cannot be pickled."""
-        import cloudpickle
-
-        try:
-            blob = cloudpickle.dumps(self._constructor_state())
-        except Exception as exc:  # an unpicklable config: the run still works, restore will not
-            logger.warning("the trainer cannot be saved for restore(): %s", exc)
-            return False
-        storage.write_bytes(TRAINER_STATE_FILE, blob)
-        return True
+        write_run_state(storage, type(self).__name__, self.scaling_config.num_workers, cc, status, error, failures)
 
     def _record_failures(
         self, storage: StorageContext, log_dir: str | None, controller: Controller, failures: list[WorkerFailure]
@@ -376,57 +287,12 @@ class DataParallelTrainer:
             console(line)
         return KeyboardInterrupt(f"fit() was interrupted; {where}")
 
-    def _make_payloads(
-        self, storage: StorageContext, executor: Executor
-    ) -> Callable[[int, Checkpoint | None, list[WorkerSpec]], list[bytes]]:
-        import cloudpickle
-
-        from trainforge._internal.datasets import is_ray_dataset, shard_datasets
-
-        shards_by_size: dict[int, list[dict[str, Any]]] = {}
-        # Ray Data splits are made anew for every attempt (a split serves one group of consumers).
-        per_attempt = any(is_ray_dataset(v) for v in (self.datasets or {}).values())
-
-        # The context each worker runs the loop in (BackendConfig.train_func_context); none by default.
-        train_func_context = getattr(self.backend_config, "train_func_context", None)
-        if train_func_context is contextlib.nullcontext:
-            train_func_context = None
-
-        def make(attempt: int, checkpoint: Checkpoint | None, specs: list[WorkerSpec]) -> list[bytes]:
-            n = len(specs)
-            if n not in shards_by_size or per_attempt:  # an elastic resize re-shards for the new size
-                shards_by_size[n] = _split(
-                    shard_datasets, self.datasets, n, self._datasets_to_split, executor.split_ray_dataset
-                )
-            shards = shards_by_size[n]
-            payloads = []
-            for spec in specs:
-                context = TrainContext(
-                    world_size=spec.world_size,
-                    world_rank=spec.rank,
-                    local_rank=spec.local_rank,
-                    local_world_size=spec.local_world_size,
-                    node_rank=spec.node_rank,
-                    experiment_name=storage.name,
-                    metadata=dict(self.metadata),
-                    trial_dir=storage.run_path,
-                    attempt=attempt,
-                )
-                payload = TrainPayload(
-                    train_fn=self.train_loop_per_worker,
-                    takes_config=self._takes_config,
-                    config=self.train_loop_config,
-                    context=context,
-                    storage=storage,
-                    checkpoint=checkpoint,
-                    shards=shards[spec.rank],
-                    upload_mode=self.run_config.checkpoint_config.checkpoint_upload_mode.value,  # type: ignore[union-attr]
-                    train_func_context=train_func_context,
-                )
-                payloads.append(cloudpickle.dumps(payload))
-            return payloads
-
-        return make
+    def _make_payloads(self, storage: StorageContext, executor: Executor) -> MakePayloads:
+        return payload_maker(
+            storage=storage, executor=executor, train_fn=self.train_loop_per_worker, takes_config=self._takes_config,
+            config=self.train_loop_config, metadata=self.metadata, datasets=self.datasets,
+            to_split=self._datasets_to_split, backend_config=self.backend_config, run_config=self.run_config,
+        )  # fmt: skip
 
     def _run(self, stop: threading.Event | None = None) -> Generator[TrainingReport, None, Result]:
         # trainforge's warnings (restarts, storage retries, ...) as console lines while the run goes.
@@ -478,7 +344,7 @@ class DataParallelTrainer:
         )
         hooks.on_failure = functools.partial(self._record_failures, storage, log_dir, controller)
         self._save_state(storage, "running")
-        restorable = self._save_trainer(storage)
+        restorable = save_trainer(storage, self._constructor_state)
         with run_starting(self, storage):
             for cb in callbacks:
                 cb.on_run_start(storage.run_path, self.scaling_config.num_workers)
@@ -507,44 +373,3 @@ class DataParallelTrainer:
         for cb in callbacks:
             cb.on_run_end(result)
         return result
-
-
-def _datasets_to_split(dataset_config: Any) -> list[str] | str:
-    """``dataset_config``: None (split "train"), or anything with ``datasets_to_split`` ("all" or a list
-    of names), as Ray Train's DataConfig."""
-    if dataset_config is None:
-        return ["train"]
-    value = dataset_config.get("datasets_to_split") if isinstance(dataset_config, dict) else getattr(
-        dataset_config, "datasets_to_split", None
-    )
-    if value == "all" or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
-        return value if value == "all" else list(value)
-    raise ValueError(
-        f"dataset_config={dataset_config!r}: datasets_to_split={value!r} is not valid; use 'all' or a list of "
-        "dataset names."
-    )
-
-
-def _split(
-    shard_fn: Callable[[dict[str, Any] | None, int], list[dict[str, Any]]],
-    datasets: dict[str, Any] | None,
-    n: int,
-    to_split: list[str] | str,
-    ray_split: Callable[[str, Any, int, bool], list[Any]] | None = None,
-) -> list[dict[str, Any]]:
-    """Shard each dataset: names in ``to_split`` are split across workers, others given whole.
-    ``ray.data.Dataset`` values go to ``ray_split(name, dataset, n, split)`` (the executor's)."""
-    from trainforge._internal.datasets import is_ray_dataset
-
-    out: list[dict[str, Any]] = [{} for _ in range(n)]
-    for key, value in (datasets or {}).items():
-        split = to_split == "all" or key in to_split
-        if ray_split is not None and is_ray_dataset(value):
-            shards = ray_split(key, value, n, split)
-        else:
-            per_rank = shard_fn({"train" if split else "whole": value}, n)
-            shards = [next(iter(per_rank[rank].values())) for rank in range(n)]
-        for rank in range(n):
-            out[rank][key] = shards[rank]
-    return out
-

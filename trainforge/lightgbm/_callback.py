@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from trainforge._internal.checkpoint import Checkpoint
+from trainforge import Checkpoint
 from trainforge._internal.gbdt import check_callback_args, checkpoint_file, report_dict, report_with_model
 from trainforge.lightgbm._imports import import_lightgbm
 
@@ -56,6 +56,9 @@ class RayTrainReportCallback:
         self._frequency = frequency
         self._checkpoint_at_end = checkpoint_at_end
         self._postprocess = results_postprocessing_fn
+        # Files to write beside the booster in each checkpoint (the params= form's "model_files": the
+        # model object's model.json, so that a checkpoint of ModelTrainer is a model directory).
+        self._model_files: Callable[[str], None] | None = None
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint, filename: str = CHECKPOINT_NAME) -> Any:
@@ -71,5 +74,9 @@ class RayTrainReportCallback:
         checkpoint = (self._frequency > 0 and done % self._frequency == 0) or (
             self._checkpoint_at_end and done == env.end_iteration
         )
-        save = (lambda directory: env.model.save_model(os.path.join(directory, self._filename))) if checkpoint else None
-        report_with_model(metrics, save)
+        report_with_model(metrics, (lambda directory: self._save(env.model, directory)) if checkpoint else None)
+
+    def _save(self, model: Any, directory: str) -> None:
+        model.save_model(os.path.join(directory, self._filename))
+        if self._model_files is not None:
+            self._model_files(directory)

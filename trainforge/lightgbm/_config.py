@@ -20,9 +20,9 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from trainforge._internal.backend import Backend, BackendConfig
 from trainforge._internal.constants import ENV_RANK
-from trainforge._internal.torch.config import _all_on_host, _node_ip
+from trainforge._internal.network import all_on_host, node_ip
+from trainforge.backend import Backend, BackendConfig
 
 PORT_TRIES = 5
 
@@ -59,7 +59,7 @@ class _LightGBMBackend(Backend):
 
     def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, LightGBMConfig)
-        local = _all_on_host(worker_group, socket.gethostname())
+        local = all_on_host(worker_group, socket.gethostname())
         for _ in range(PORT_TRIES):
             found = worker_group.execute(_find_port, local)
             if len(set(found)) == len(found):  # two workers of one host could draw the same free port
@@ -84,7 +84,7 @@ def _find_port(local: bool) -> tuple[str, int]:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1" if local else "", 0))
         port = s.getsockname()[1]
-    return ("127.0.0.1" if local else _node_ip()), port
+    return ("127.0.0.1" if local else node_ip()), port
 
 
 def _set_network_params(params: dict[str, Any], ports: list[int]) -> None:

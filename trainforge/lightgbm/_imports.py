@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
 
-EXTRA = "pip install 'trainforge[lightgbm]'"
+from trainforge._internal.extras import import_extra
 
 
-def import_lightgbm() -> Any:
-    try:
-        import lightgbm
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] == "lightgbm":
-            raise ImportError(f"trainforge.lightgbm needs lightgbm, which is not installed: {EXTRA}.") from exc
-        raise
-    return lightgbm
+def import_lightgbm() -> ModuleType:
+    return import_extra("lightgbm", "lightgbm", "trainforge.lightgbm")

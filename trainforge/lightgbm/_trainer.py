@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trainforge._internal.checkpoint import Checkpoint
-from trainforge._internal.gbdt import GBDTTrainer, require, shard_frame, split_label
-from trainforge._internal.session import get_checkpoint
+from trainforge import Checkpoint, get_checkpoint
+from trainforge._internal.backend import config_or_default
+from trainforge._internal.extras import require
+from trainforge._internal.gbdt import GBDTTrainer, shard_frame, split_label
 from trainforge.lightgbm._config import LightGBMConfig, get_network_params
-from trainforge.lightgbm._imports import EXTRA, import_lightgbm
+from trainforge.lightgbm._imports import import_lightgbm
 
 
 def _legacy_loop(config: dict[str, Any]) -> None:
@@ -35,6 +36,7 @@ def _legacy_loop(config: dict[str, Any]) -> None:
     callback = RayTrainReportCallback(
         frequency=config["checkpoint_frequency"], checkpoint_at_end=config["checkpoint_at_end"]
     )
+    callback._model_files = config.get("model_files")
     lightgbm.train(
         params, sets[0], num_boost_round=rounds, valid_sets=sets, valid_names=config["dataset_names"],
         init_model=start, callbacks=[callback], **(config.get("train_kwargs") or {}),
@@ -101,14 +103,10 @@ class LightGBMTrainer(GBDTTrainer):
         dataset_params: dict[str, dict[str, Any]] | None = None,
         **train_kwargs: Any,
     ):
-        if lightgbm_config is None:
-            lightgbm_config = LightGBMConfig()
-        elif not isinstance(lightgbm_config, LightGBMConfig):
-            raise TypeError(
-                f"LightGBMTrainer(lightgbm_config={lightgbm_config!r}) must be a trainforge.lightgbm.LightGBMConfig."
-            )
+        lightgbm_config = config_or_default(lightgbm_config, LightGBMConfig, "LightGBMTrainer", "lightgbm_config",
+                                            "trainforge.lightgbm.LightGBMConfig")  # fmt: skip
         # Checked, not imported: the driver never needs LightGBM itself (about a second), the workers do.
-        require("lightgbm", f"LightGBMTrainer needs lightgbm, which is not installed: {EXTRA}.")
+        require("lightgbm", "lightgbm", "LightGBMTrainer")
         legacy = {
             "label_column": label_column, "params": params, "num_boost_round": num_boost_round,
             "dataset_params": dataset_params, "train_kwargs": train_kwargs,

@@ -25,8 +25,8 @@ import shutil
 import tempfile
 from typing import Any
 
-from trainforge._internal.checkpoint import Checkpoint
-from trainforge._internal.session import get_context, in_session, report
+from trainforge import Checkpoint, get_context, report
+from trainforge._internal.session import in_session
 from trainforge.lightning._namespace import import_namespace
 
 CLASS_NAMES = (
@@ -36,7 +36,7 @@ MODULES = {"lightning.pytorch": "_lightning_pytorch", "pytorch_lightning": "_pyt
 
 
 def _root_device(self: Any) -> Any:
-    from trainforge._internal.torch.train_loop_utils import get_device
+    from trainforge.torch import get_device
 
     return get_device()
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainforge._internal.session import get_context, in_session
+from trainforge import get_context
+from trainforge._internal.session import in_session
 from trainforge.lightning import _namespace
 from trainforge.lightning._dispatch import classes
 

@@ -179,7 +179,7 @@ class FsspecBackend(Backend):
         return f"{self.root}/{rel}" if rel else self.root
 
     def _call(self, operation: str, rel: str, fn: Callable[[], T]) -> T:
-        from trainforge._internal.exceptions import StorageError
+        from trainforge import StorageError
         from trainforge._internal.retry import retry_call
 
         try:
@@ -295,7 +295,7 @@ def _is_precondition_failed(exc: BaseException) -> bool:
 
 def open_backend(url: str) -> Backend:
     """The backend of a registry URL or directory."""
-    from trainforge._internal.storage import resolve_filesystem
+    from trainforge._internal.filesystem import resolve_filesystem
 
     try:
         fs, path = resolve_filesystem(url)

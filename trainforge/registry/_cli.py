@@ -11,6 +11,8 @@
     trainforge models push REF DEST_REGISTRY                  a version (name/3, name@alias) or a whole model
     trainforge models pull REF DIR                            its files into DIR, verified
     trainforge models pull-from SRC_REGISTRY REF              into this registry
+    trainforge models put NAME MODULE:CLASS [--config k=v] [--data M:C]   a model definition (no weights)
+    trainforge models lineage NAME                            definitions -> runs -> trained versions -> aliases
 
 ``--registry URL`` (any command; default ``$TRAINFORGE_REGISTRY``, else ``~/trainforge/registry``);
 ``--json`` prints what the Python API returns, as JSON.
@@ -78,6 +80,18 @@ def add_commands(sub: Any) -> None:
     c = msub.add_parser("gc", parents=[common], help="remove stored files that no version refers to")
     c.set_defaults(func=_run(_gc))
 
+    c = msub.add_parser("put", parents=[common], help="register a model definition: its class, default config, no weights")
+    c.add_argument("name")
+    c.add_argument("model_class", metavar="MODULE:CLASS", help="the model class (trainforge.model.Model, XGBoostModel, ...)")
+    c.add_argument("--config", action="append", default=[], metavar="KEY=VALUE", help="a default config value (repeatable)")
+    c.add_argument("--data", metavar="MODULE:CLASS", help="its default trainforge.model.Data class")
+    c.add_argument("--description")
+    c.add_argument("--by", help="who registers it (default user@host)")
+    c.set_defaults(func=_run(_put))
+    c = msub.add_parser("lineage", parents=[common], help="definitions -> runs -> trained versions -> aliases")
+    c.add_argument("name")
+    c.set_defaults(func=_run(_lineage))
+
     c = msub.add_parser("push", parents=[common], help="copy a version or a whole model to another registry")
     c.add_argument("ref", help="name/3 or name@alias (one version) or name (every version and alias)")
     c.add_argument("dest", help="the other registry's directory or URL")
@@ -104,7 +118,7 @@ def _common() -> Any:
 
 def _run(fn: Any) -> Any:
     def run(args: Any) -> int:
-        from trainforge._internal.exceptions import StorageError
+        from trainforge import StorageError
         from trainforge.registry import Registry, RegistryError
 
         try:
@@ -173,6 +187,7 @@ def _show(reg: Any, args: Any) -> None:
     if mv.description:
         lines.append(f"  description: {mv.description}")
     lines.append(f"  load with:   {mv.loader or mv.model_class or '(no model class or loader recorded)'}")
+    lines.append(f"  kind:        {mv.kind}{f' ({mv.framework})' if mv.framework else ''}")
     for key in ("metrics", "tags", "lineage"):
         for k, v in getattr(mv, key).items():
             lines.append(f"  {key[:-1] if key != 'lineage' else 'lineage'} {k}: {v}")
@@ -266,3 +281,31 @@ def _pull_from(reg: Any, args: Any) -> None:
     out = reg.pull_from(args.source, args.ref, progress=_progress())
     _out(args, [v.to_dict() for v in out],
          f"pulled {', '.join(v.uri for v in out) or 'nothing'} from {args.source} into {reg.url}: {_transfer(reg)}")  # fmt: skip
+
+
+def _put(reg: Any, args: Any) -> None:
+    from trainforge.registry._manifest import import_object as import_path
+
+    for what, path in (("MODULE:CLASS", args.model_class), ("--data", args.data)):
+        if path is not None and ":" not in path:
+            raise ValueError(f"{what} {path!r}: give module:Class")
+    mv = reg.put(import_path(args.model_class), args.name, config=_pairs(args.config, "config"),
+                 data=import_path(args.data) if args.data else None, description=args.description, by=args.by)  # fmt: skip
+    _out(args, mv.to_dict(), f"registered the definition {mv.uri} ({mv.model_class}) in {reg.url}")
+
+
+def _lineage(reg: Any, args: Any) -> None:
+    tree = reg.lineage(args.name)
+    lines = []
+    for d in tree:
+        what = f"{d['definition']}  definition of {d['model_class']} ({d['framework']})" if d["definition"] else \
+            "(trained from no definition of this registry)"
+        lines.append(what)
+        for run in d["runs"]:
+            lines.append(f"  run {run['run_path'] or '(a directory)'}")
+            for v in run["versions"]:
+                served = f"  aliases: {', '.join(v['aliases'])}" if v["aliases"] else ""
+                lines.append(f"    {v['uri']}  {_metrics_text(v['metrics'])}{served}")
+        if not d["runs"]:
+            lines.append("  (not trained yet)")
+    _out(args, tree, "\n".join(lines) or f"model {args.name!r} has no versions")

@@ -29,7 +29,7 @@ from typing import Any
 from trainforge.registry._types import SymlinkError
 from trainforge.registry._uri import is_model_uri
 
-_CHUNK = 1 << 20
+CHUNK = 1 << 20  # the buffer of file reads and copies
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
@@ -123,14 +123,14 @@ def _copy_fd(src: int, dst: int, size: int) -> None:
     offset = 0
     if hasattr(os, "sendfile"):
         try:
-            while sent := os.sendfile(dst, src, offset, max(size, _CHUNK)):
+            while sent := os.sendfile(dst, src, offset, max(size, CHUNK)):
                 offset += sent
             return
         except OSError:
             if offset:
                 raise
     with open(src, "rb", closefd=False) as fin, open(dst, "wb", closefd=False) as fout:
-        shutil.copyfileobj(fin, fout, _CHUNK)
+        shutil.copyfileobj(fin, fout, CHUNK)
 
 
 def _scalar_metrics(metrics: dict[str, Any] | None) -> dict[str, Any]:
@@ -148,14 +148,24 @@ def _scalar_metrics(metrics: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+def _definition_of(checkpoint: Any) -> str | None:
+    """The definition a checkpoint's run trained (its metadata's ``model_definition``), if any."""
+    from trainforge.model import DEFINITION_KEY
+
+    try:
+        value = checkpoint.get_metadata().get(DEFINITION_KEY)
+    except Exception:  # no metadata, or unreadable: nothing to record
+        return None
+    return value if isinstance(value, str) and is_model_uri(value) else None
+
+
 @contextlib.contextmanager
 def local_source(source: Any) -> Iterator[tuple[str, dict[str, Any], dict[str, Any], bool]]:
     """(a local directory with the files, lineage, metrics, whether its files may be hard-linked) of a
     Result, Checkpoint or directory. A local checkpoint's files are never modified once it is
     committed, so a local registry may link them (see :func:`place`); a directory's files are copied
     (its owner may rewrite them), and so are a remote checkpoint's (a temporary download)."""
-    from trainforge._internal.checkpoint import Checkpoint
-    from trainforge._internal.result import Result
+    from trainforge import Checkpoint, Result
     from trainforge._internal.retry import display_url
 
     lineage: dict[str, Any] = {}
@@ -174,6 +184,9 @@ def local_source(source: Any) -> Iterator[tuple[str, dict[str, Any], dict[str, A
         metrics = _scalar_metrics(source.metrics)
         source = source.checkpoint
     if isinstance(source, Checkpoint):
+        definition = _definition_of(source)
+        if definition is not None:
+            lineage["definition"] = definition  # trained from a registered definition (ModelTrainer("models:/..."))
         if source.is_local:
             lineage["checkpoint_path"] = source.path
         else:
@@ -188,7 +201,7 @@ def local_source(source: Any) -> Iterator[tuple[str, dict[str, Any], dict[str, A
             raise ValueError(f"source={path!r} is a registered model: copy versions between registries with "
                              "Registry.push / pull_from")  # fmt: skip
         if "://" in path and not path.startswith("file://"):
-            from trainforge._internal.storage import resolve_filesystem
+            from trainforge._internal.filesystem import resolve_filesystem
 
             fs, inner = resolve_filesystem(path)
             with local_source(Checkpoint(inner, fs)) as out:

@@ -18,11 +18,16 @@ storage that fails raises ``trainforge``'s ``StorageError`` (remote) or ``OSErro
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from trainforge._internal.checkpoint import Checkpoint
-    from trainforge.registry._registry import Registry
+    from trainforge import Checkpoint
+
+
+class VersionHome(Protocol):
+    """What a :class:`ModelVersion` asks of the registry it came from (a ``Registry``)."""
+
+    def checkpoint(self, ref: ModelVersion) -> Checkpoint: ...
 
 
 class RegistryError(Exception):
@@ -63,8 +68,12 @@ class ModelVersion:
     ``trainforge_version``, ``git_commit``, and ``origin`` for a pushed copy). ``model_class``
     (``"module:Class"`` of a ``trainforge.model.Model``) or ``loader`` (``"module:function"``, called
     with the version's local directory) say how :meth:`Registry.load` builds it. ``uri`` is
-    ``models:/name/<version>``. ``checkpoint`` is the version as a ``trainforge.Checkpoint`` (a local
-    copy, pulled and verified on first use), accepted wherever a checkpoint is.
+    ``models:/name/<version>`` (also its ``str()``). ``checkpoint`` is the version as a
+    ``trainforge.Checkpoint`` (a local copy, pulled and verified on first use), accepted wherever a
+    checkpoint is. ``kind``: ``"trained"`` (a trained model's files) or ``"definition"`` (a model
+    class with its default config and search space, no weights: ``Registry.put``); a version trained
+    from a definition names it in ``lineage["definition"]``. ``framework``: the model's (``torch``,
+    ``xgboost``, ``lightgbm``, ``keras``) when its files are a model directory.
     """
 
     name: str
@@ -79,11 +88,16 @@ class ModelVersion:
     lineage: dict[str, Any]
     created_at: float
     created_by: str | None
-    registry: Registry | None = dataclasses.field(default=None, repr=False, compare=False)
+    kind: str = "trained"
+    framework: str | None = None
+    registry: VersionHome | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def uri(self) -> str:
         return f"models:/{self.name}/{self.version}"
+
+    def __str__(self) -> str:
+        return self.uri
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -97,7 +111,7 @@ class ModelVersion:
         return out
 
     @classmethod
-    def from_manifest(cls, manifest: dict[str, Any], registry: Registry | None) -> ModelVersion:
+    def from_manifest(cls, manifest: dict[str, Any], registry: VersionHome | None) -> ModelVersion:
         files: dict[str, dict[str, Any]] = {
             str(k): {"sha256": str(v["sha256"]), "size": int(v["size"])} for k, v in manifest["files"].items()
         }
@@ -107,7 +121,8 @@ class ModelVersion:
             tags=dict(manifest.get("tags") or {}), description=manifest.get("description"),
             model_class=manifest.get("model_class"), loader=manifest.get("loader"),
             lineage=dict(manifest.get("lineage") or {}), created_at=float(manifest.get("created_at") or 0.0),
-            created_by=manifest.get("created_by"), registry=registry,
+            created_by=manifest.get("created_by"), kind=str(manifest.get("kind") or "trained"),
+            framework=manifest.get("framework"), registry=registry,
         )  # fmt: skip
 
 

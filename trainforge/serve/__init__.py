@@ -2,6 +2,7 @@
 zero-downtime swaps when an alias moves.
 
     trainforge serve models:/digits@production [--port 8280] [--max-batch-size 32] [--max-batch-wait-ms 5]
+    trainforge serve models:/digits@production --ray --replicas 2     # a Ray Serve deployment (_ray.py)
 
     from trainforge.serve import ServeConfig, ModelServer, serve
 
@@ -21,7 +22,14 @@ Loopback by default; a non-loopback host needs a token (``Authorization: Bearer 
 ``[serve]`` extra (FastAPI, uvicorn) and the model's own (``[torch]`` for a ``trainforge.model.Model``).
 """
 
+# Besides __all__, for the train server (its /api/v1/serve routes), not user API: the engine, its
+# error, a registry model as its source, and the predict route's pieces (no web framework imported).
 from trainforge.serve._config import ServeConfig
+from trainforge.serve._engine import ServeEngine as ServeEngine
+from trainforge.serve._engine import ServeError as ServeError
+from trainforge.serve._predict import predict_openapi as predict_openapi
+from trainforge.serve._predict import predict_response as predict_response
 from trainforge.serve._server import ModelServer, serve
+from trainforge.serve._source import RegistrySource as RegistrySource
 
 __all__ = ["ModelServer", "ServeConfig", "serve"]

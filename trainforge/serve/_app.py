@@ -24,39 +24,8 @@ from fastapi.responses import JSONResponse, Response
 
 import trainforge
 from trainforge._internal.http import Guard, GuardPolicy
-from trainforge.serve._engine import ServeEngine, _detail
-
-
-def predict_doc(**more: str) -> dict[str, Any]:
-    """The OpenAPI description of a predict route (its body and answers; ``more``: other statuses)."""
-    responses = {
-        "200": {"description": '{"outputs": [one per instance], "model": {"name", "version", "uri"}}',
-                "content": {"application/json": {}}},
-        "400": {"description": "the body is not JSON, or nests deeper than 100 levels"},
-        "413": {"description": "too many instances, or too large a body"},
-        "415": {"description": "the body is not sent as JSON (Content-Type: application/json)"},
-        "422": {"description": 'no "inputs" list, or the model failed on these inputs (the reason)'},
-        **{status: {"description": text} for status, text in more.items()},
-    }
-    body = {"type": "object", "required": ["inputs"],
-            "properties": {"inputs": {"type": "array", "minItems": 1, "items": {},
-                                      "description": "the instances, one per input of the model"}}}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-            "responses": dict(sorted(responses.items()))}  # fmt: skip
-
-
-async def read_body(request: Request, limit: int) -> bytes | None:
-    """The request's body, or None once it passes ``limit`` bytes (413)."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        return None
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
+from trainforge.serve._engine import ServeEngine
+from trainforge.serve._predict import predict_openapi, predict_response
 
 
 def make_app(engine: ServeEngine, *, token: str | None, allowed_hosts: set[str], max_body_bytes: int,
@@ -94,15 +63,9 @@ def make_app(engine: ServeEngine, *, token: str | None, allowed_hosts: set[str],
     )
 
     @app.post("/v1/predict", response_class=Response,
-              openapi_extra=predict_doc(**{"503": "the server is starting or stopping"}))  # fmt: skip
+              openapi_extra=predict_openapi(**{"503": "the server is starting or stopping"}))  # fmt: skip
     async def predict(request: Request) -> Response:
-        body = await read_body(request, max_body_bytes)
-        if body is None:
-            engine.refuse(413)
-            return Response(_detail(f"the body is larger than this server takes ({max_body_bytes} bytes): split "
-                                    "the request"), status_code=413, media_type="application/json")  # fmt: skip
-        status, payload = await engine.handle(body)
-        return Response(payload, status_code=status, media_type="application/json")
+        return await predict_response(request, engine, max_body_bytes)
 
     @app.get("/v1/model")
     async def model() -> JSONResponse:

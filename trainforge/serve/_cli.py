@@ -1,4 +1,5 @@
-"""``trainforge serve MODEL_URI``: serve a registered model over HTTP until Ctrl-C or SIGTERM."""
+"""``trainforge serve MODEL_URI``: serve a registered model over HTTP until Ctrl-C or SIGTERM; with
+``--ray --replicas N``, as a Ray Serve deployment of N replicas on the Ray cluster (``_ray.py``)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ def add_commands(sub: Any) -> None:
                    help="how long a batch waits to fill after its first request (default 5)")  # fmt: skip
     p.add_argument("--max-request-instances", type=int, default=1024, help="instances one request may send")
     p.add_argument("--poll-s", type=float, default=1.0, help="seconds between looks at the alias (0: never)")
+    p.add_argument("--ray", action="store_true", help="deploy on the Ray cluster this process connects to "
+                   "($RAY_ADDRESS, a running cluster, else a local Ray instance) as a Ray Serve deployment")  # fmt: skip
+    p.add_argument("--replicas", type=int, help="with --ray: replicas of the engine (default 1)")
     p.set_defaults(func=_serve)
 
 
@@ -59,9 +63,31 @@ def _serve(args: Any) -> int:
         print(f"trainforge serve: the model server needs FastAPI and uvicorn ({exc}): pip install 'trainforge[serve]'",
               file=sys.stderr)  # fmt: skip
         return 1
+    if args.replicas is not None and not args.ray:
+        print("trainforge serve: --replicas needs --ray (one process serves without it)", file=sys.stderr)
+        return 2
+    if args.ray:
+        return _serve_on_ray(config, args.replicas if args.replicas is not None else 1, args.model)
     try:
         serve(config, announce=lambda line: print(line, flush=True))
     except Exception as exc:  # the model cannot be found or loaded, the port is taken: one line, no traceback
         print(f"trainforge serve: cannot serve {args.model}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _serve_on_ray(config: Any, replicas: int, model: str) -> int:
+    if replicas < 1:
+        print(f"trainforge serve: --replicas {replicas}: give a number >= 1", file=sys.stderr)
+        return 2
+    try:
+        from trainforge.serve._ray import serve_on_ray
+    except ImportError as exc:
+        print(f"trainforge serve --ray needs Ray Serve ({exc}): pip install 'trainforge[ray-serve]'", file=sys.stderr)
+        return 1
+    try:
+        serve_on_ray(config, replicas, announce=lambda line: print(line, flush=True))
+    except Exception as exc:  # the model cannot be found or loaded, the port is taken: one line, no traceback
+        print(f"trainforge serve: cannot serve {model} on Ray: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0

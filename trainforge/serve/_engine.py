@@ -26,7 +26,8 @@ the model it started with, so the old version finishes its batch and the next ba
 no request fails or waits for the load. A version that fails to load is retried with a back-off (up
 to a minute) and the old one keeps serving; ``stats()["last_error"]`` says why.
 
-Every method must be called on the loop that ran :meth:`start`.
+Every method must be called on the loop that ran :meth:`start`. The statistics are
+:mod:`~trainforge.serve._stats`'s; the model's inputs and outputs as JSON, :mod:`~trainforge.serve._encode`'s.
 """
 
 from __future__ import annotations
@@ -35,17 +36,17 @@ import asyncio
 import collections
 import concurrent.futures
 import json
-import math
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from trainforge._internal.http import json_detail
 from trainforge._internal.json_depth import body_too_deep, too_deep_detail
-from trainforge.serve._config import check_batching
-from trainforge.serve._source import ModelGoneError, ModelInfo, ModelSource
+from trainforge.serve._config import ServeConfig, check_batching
+from trainforge.serve._encode import encode_outputs, infer, json_type
+from trainforge.serve._source import ModelGoneError, ModelInfo, ModelSource, RegistrySource
+from trainforge.serve._stats import Stats
 
-_MAX_WINDOW = 200_000  # latency samples kept at most
 _MAX_BACKOFF_S = 60.0
 
 
@@ -66,69 +67,6 @@ class _Request:
         self.instances = instances
         self.future = future
         self.t0 = t0
-
-
-class _Stats:
-    def __init__(self, window_s: float):
-        self.window_s = window_s
-        self.started = time.monotonic()
-        self.requests = 0
-        self.ok = 0
-        self.errors: collections.Counter[int] = collections.Counter()
-        self.instances = 0
-        self.batches = 0
-        self.retried_batches = 0
-        self.batch_sizes: collections.Counter[int] = collections.Counter()
-        self.window: collections.deque[tuple[float, float]] = collections.deque(maxlen=_MAX_WINDOW)
-        self.swaps: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
-        self.swap_count = 0
-
-    def record(self, status: int, latency_s: float | None) -> None:
-        self.requests += 1
-        if status == 200:
-            self.ok += 1
-        else:
-            self.errors[status] += 1
-        if latency_s is not None:  # a request the model answered (or failed on)
-            self.window.append((time.monotonic(), latency_s))
-
-    def snapshot(self) -> dict[str, Any]:
-        now = time.monotonic()
-        while self.window and self.window[0][0] < now - self.window_s:
-            self.window.popleft()
-        latencies = sorted(lat for _, lat in self.window)
-        span = min(self.window_s, now - self.started)
-        return {
-            "uptime_s": round(now - self.started, 3),
-            "requests": self.requests,
-            "ok": self.ok,
-            "errors": {str(k): v for k, v in sorted(self.errors.items())},
-            "instances": self.instances,
-            "window_s": self.window_s,
-            "latency_ms": {
-                "count": len(latencies),
-                "p50": _percentile(latencies, 50),
-                "p99": _percentile(latencies, 99),
-                "mean": round(1e3 * sum(latencies) / len(latencies), 3) if latencies else None,
-                "max": round(1e3 * latencies[-1], 3) if latencies else None,
-            },
-            "throughput_rps": round(len(latencies) / span, 3) if span > 0 else 0.0,
-            "batches": self.batches,
-            "retried_batches": self.retried_batches,
-            "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
-            "mean_batch_size": round(sum(k * v for k, v in self.batch_sizes.items()) / self.batches, 3)
-            if self.batches else None,
-            "swaps": self.swap_count,
-            "swap_history": list(self.swaps),
-        }  # fmt: skip
-
-
-def _percentile(sorted_values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile, in milliseconds."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
-    return round(1e3 * sorted_values[rank - 1], 3)
 
 
 class ServeEngine:
@@ -157,7 +95,7 @@ class ServeEngine:
         self.poll_s = poll_s
         self.max_request_instances = max_request_instances
         self._on_event = on_event
-        self._stats = _Stats(stats_window_s)
+        self._stats = Stats(stats_window_s)
         self._current: tuple[ModelInfo, Callable[[Any], Any], bytes] | None = None
         self._loaded_at: float | None = None
         self._queue: collections.deque[_Request] = collections.deque()
@@ -176,16 +114,17 @@ class ServeEngine:
         self._stopping = False
 
     @classmethod
-    def from_config(cls, config: Any, *, on_event: Callable[[str], None] | None = None) -> ServeEngine:
-        """An engine for ``config.model`` (a :class:`~trainforge.serve.ServeConfig`) in ``config.registry``."""
-        from trainforge.serve._source import RegistrySource
-
-        if config.model is None:
-            raise ValueError("ServeConfig.model is None: give the model to serve, e.g. 'models:/name@production'.")
-        return cls(RegistrySource(config.model, config.registry), max_batch_size=config.max_batch_size,
-                   max_batch_wait_ms=config.max_batch_wait_ms, poll_s=config.poll_s,
-                   max_request_instances=config.max_request_instances, stats_window_s=config.stats_window_s,
-                   on_event=on_event)  # fmt: skip
+    def from_config(cls, config: ServeConfig, *, source: ModelSource | None = None,
+                    on_event: Callable[[str], None] | None = None) -> ServeEngine:  # fmt: skip
+        """An engine with ``config``'s settings, for ``source`` (default: ``config.model`` in
+        ``config.registry``)."""
+        if source is None:
+            if config.model is None:
+                raise ValueError("ServeConfig.model is None: give the model to serve, e.g. 'models:/name@production'.")
+            source = RegistrySource(config.model, config.registry)
+        return cls(source, max_batch_size=config.max_batch_size, max_batch_wait_ms=config.max_batch_wait_ms,
+                   poll_s=config.poll_s, max_request_instances=config.max_request_instances,
+                   stats_window_s=config.stats_window_s, on_event=on_event)  # fmt: skip
 
     # -- lifecycle --------------------------------------------------------------------------------
     def load_now(self) -> ModelInfo:
@@ -264,7 +203,7 @@ class ServeEngine:
             instances = self._parse(body)
         except ServeError as exc:
             self._stats.record(exc.status, None)
-            return exc.status, _detail(exc.detail)
+            return exc.status, json_detail(exc.detail)
         return await self._submit(instances)
 
     async def predict(self, instances: list[Any]) -> dict[str, Any]:
@@ -290,7 +229,7 @@ class ServeEngine:
         except RecursionError:  # a limit above what this stack can decode (the check above keeps it from here)
             raise ServeError(400, too_deep_detail()) from None
         if not isinstance(data, dict):
-            raise ServeError(422, f'the body is a JSON {_json_type(data)}: send an object {{"inputs": [instance, ...]}}')
+            raise ServeError(422, f'the body is a JSON {json_type(data)}: send an object {{"inputs": [instance, ...]}}')
         if "inputs" not in data:
             raise ServeError(422, f'the body has no "inputs" (keys: {sorted(data)[:10]}): send {{"inputs": [instance, ...]}}')
         instances = data["inputs"]
@@ -299,7 +238,7 @@ class ServeEngine:
 
     def _check_instances(self, instances: Any) -> None:
         if not isinstance(instances, list):
-            raise ServeError(422, f'"inputs" is a JSON {_json_type(instances)}: give a list of instances, one per input')
+            raise ServeError(422, f'"inputs" is a JSON {json_type(instances)}: give a list of instances, one per input')
         if not instances:
             raise ServeError(422, '"inputs" is empty: give at least one instance')
         if len(instances) > self.max_request_instances:
@@ -309,10 +248,10 @@ class ServeEngine:
     async def _submit(self, instances: list[Any]) -> tuple[int, bytes]:
         if self._loop is None or self._stopping or self._wake is None:
             self._stats.record(503, None)
-            return 503, _detail("the model server is not running (starting or stopping)")
+            return 503, json_detail("the model server is not running (starting or stopping)")
         if self._gone is not None:
             self._stats.record(404, None)
-            return 404, _detail(self._gone)
+            return 404, json_detail(self._gone)
         loop = self._loop
         request = _Request(instances, loop.create_future(), loop.time())
         self._queue.append(request)
@@ -324,7 +263,7 @@ class ServeEngine:
 
     def _fail(self, request: _Request, exc: ServeError) -> None:
         if not request.future.done():
-            request.future.set_result((exc.status, _detail(exc.detail)))
+            request.future.set_result((exc.status, json_detail(exc.detail)))
 
     # -- the batcher ------------------------------------------------------------------------------
     async def _batcher(self) -> None:
@@ -351,9 +290,7 @@ class ServeEngine:
             assert self._current is not None
             info, model, model_json = self._current  # this batch runs on this version, whatever swaps meanwhile
             size = sum(len(r.instances) for r in batch)
-            self._stats.batches += 1
-            self._stats.instances += size
-            self._stats.batch_sizes[size] += 1
+            self._stats.batch(size)
             try:
                 results, retried = await loop.run_in_executor(self._worker, self._run_batch, model, model_json, batch)
             except asyncio.CancelledError:
@@ -361,7 +298,7 @@ class ServeEngine:
                     self._fail(request, ServeError(503, "the model server is stopping"))
                 raise
             except Exception as exc:  # the executor itself failed (shut down): nothing the model did
-                results = [(503, _detail(f"the model server cannot run the model: {exc}"))] * len(batch)
+                results = [(503, json_detail(f"the model server cannot run the model: {exc}"))] * len(batch)
                 retried = False
             self._stats.retried_batches += retried
             for request, result in zip(batch, results, strict=True):
@@ -397,7 +334,7 @@ class ServeEngine:
         results, start = [], 0
         for r in batch:
             end = start + len(r.instances)
-            results.append(_answer(outputs[start:end], model_json))
+            results.append(encode_outputs(outputs[start:end], model_json))
             start = end
         return results, False
 
@@ -407,8 +344,8 @@ class ServeEngine:
             for i in range(0, len(instances), self.max_batch_size):
                 outputs.extend(infer(model, instances[i : i + self.max_batch_size]))
         except Exception as exc:
-            return 422, _detail(f"the model failed on these inputs: {type(exc).__name__}: {exc}")
-        return _answer(outputs, model_json)
+            return 422, json_detail(f"the model failed on these inputs: {type(exc).__name__}: {exc}")
+        return encode_outputs(outputs, model_json)
 
     # -- swapping ---------------------------------------------------------------------------------
     def _set_current(self, info: ModelInfo, model: Callable[[Any], Any]) -> None:
@@ -461,9 +398,7 @@ class ServeEngine:
             self._failed.pop(info.uri, None)
             self._last_error = None
             self._set_current(info, model)  # the next batch runs it; the one running finishes on the old
-            self._stats.swap_count += 1
-            self._stats.swaps.append({"from": current.version, "to": info.version, "at": time.time(),
-                                      "load_s": round(load_s, 3)})  # fmt: skip
+            self._stats.swap(current.version, info.version, load_s)
             self._event(f"now serving {info.uri} (loaded in {load_s:.2f} s)")
             return True
 
@@ -506,104 +441,3 @@ class ServeEngine:
             "last_error": self._last_error,
             "gone": self._gone,
         }
-
-
-# -- model calls (worker thread) ------------------------------------------------------------------
-def infer(model: Callable[[Any], Any], instances: list[Any]) -> list[Any]:
-    """``model(batch)`` on a list of JSON instances, split into one JSON-able output per instance.
-    A ``trainforge.model.Model`` without its own ``preprocess`` gets the instances as a float32 tensor."""
-    return split_outputs(model(adapt_input(model, instances)), len(instances))
-
-
-def adapt_input(model: Any, instances: list[Any]) -> Any:
-    from trainforge._internal.managed.model import Model, torch_module
-
-    if isinstance(model, Model) and type(model).preprocess is Model.preprocess:
-        torch = torch_module()
-        try:
-            return torch.as_tensor(instances, dtype=torch.float32)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise ValueError(
-                f"the inputs are not a numeric tensor ({exc}); {type(model).__name__} has no preprocess(), so "
-                "send numeric instances of one shape (or write preprocess(data) to take these)"
-            ) from None
-    return instances
-
-
-def split_outputs(output: Any, n: int) -> list[Any]:
-    """One JSON-able output per instance: a tensor or array's rows, a list's items, or for a dict of
-    per-instance values, one dict per instance."""
-    if _is_array(output):
-        if len(getattr(output, "shape", ())) == 0 or output.shape[0] != n:
-            raise ValueError(f"the model returned an array of shape {tuple(output.shape)} for {n} instance(s): "
-                             f"its first dimension must be {n}, one output per instance")  # fmt: skip
-        return _to_list(output)  # type: ignore[no-any-return]
-    if isinstance(output, (list, tuple)):
-        if len(output) != n:
-            raise ValueError(f"the model returned {len(output)} outputs for {n} instance(s): return one output per instance")
-        return [jsonable(x) for x in output]
-    if isinstance(output, dict) and output:
-        columns = {str(k): split_outputs(v, n) for k, v in output.items()}
-        return [{k: col[i] for k, col in columns.items()} for i in range(n)]
-    raise ValueError(f"the model returned a {type(output).__name__} for {n} instance(s): return a tensor, array or "
-                     "list with one output per instance (first dimension), or a dict of them")  # fmt: skip
-
-
-def _is_array(x: Any) -> bool:
-    torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
-    return (torch is not None and isinstance(x, torch.Tensor)) or (np is not None and isinstance(x, np.ndarray))
-
-
-def _to_list(x: Any) -> Any:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor):
-        x = x.detach().cpu()
-        if x.dtype in (torch.float16, torch.bfloat16):
-            x = x.float()
-    return x.tolist()
-
-
-def jsonable(x: Any) -> Any:
-    if x is None or isinstance(x, (str, bool, int, float)):
-        return x
-    if _is_array(x):
-        return _to_list(x)
-    np = sys.modules.get("numpy")
-    if np is not None and isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    raise TypeError(f"an output of type {type(x).__name__} is not JSON: return numbers, strings, lists, tensors or "
-                    "arrays from postprocess")  # fmt: skip
-
-
-def _answer(outputs: list[Any], model_json: bytes) -> tuple[int, bytes]:
-    try:
-        try:
-            encoded = json.dumps(outputs, allow_nan=False, separators=(",", ":")).encode()
-        except ValueError:  # NaN or infinity: null
-            encoded = json.dumps(_finite(outputs), allow_nan=False, separators=(",", ":")).encode()
-    except (TypeError, ValueError) as exc:
-        return 422, _detail(f"the model's outputs are not JSON: {exc}")
-    return 200, b'{"outputs":' + encoded + b',"model":' + model_json + b"}"
-
-
-def _finite(x: Any) -> Any:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    return x
-
-
-def _detail(text: str) -> bytes:
-    return json.dumps({"detail": text}, ensure_ascii=True).encode()
-
-
-def _json_type(x: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
-            type(None): "null"}.get(type(x), type(x).__name__)  # fmt: skip

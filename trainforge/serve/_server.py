@@ -10,6 +10,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+# The package, then http.listen(): `from trainforge._internal.http import listen` names the module
+# http.listen to import-linter, which is not the named interface.
+from trainforge._internal import http
 from trainforge.serve._config import ServeConfig
 from trainforge.serve._engine import ServeEngine
 from trainforge.serve._source import ModelSource
@@ -33,21 +36,6 @@ def allowed_hosts(config: ServeConfig) -> set[str]:
     return hosts
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets' connections (as the train server).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port} ({exc.strerror}): another program uses the port; pass "
-                      "--port (0 picks a free one)") from None  # fmt: skip
-    sock.listen(2048)
-    return sock
-
-
 class ModelServer:
     """An HTTP model server (see ``trainforge.serve``).
 
@@ -68,13 +56,7 @@ class ModelServer:
         elif settings:
             raise TypeError(f"ModelServer(config, {', '.join(settings)}=...): give the settings in the ServeConfig")
         self.config = config
-        if source is not None:
-            self.engine = ServeEngine(source, max_batch_size=config.max_batch_size,
-                                      max_batch_wait_ms=config.max_batch_wait_ms, poll_s=config.poll_s,
-                                      max_request_instances=config.max_request_instances,
-                                      stats_window_s=config.stats_window_s, on_event=on_event)  # fmt: skip
-        else:
-            self.engine = ServeEngine.from_config(config, on_event=on_event)
+        self.engine = ServeEngine.from_config(config, source=source, on_event=on_event)
         self.url: str | None = None
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -110,7 +92,7 @@ class ModelServer:
                 self.engine.load_now()
             except Exception as exc:
                 raise RuntimeError(f"cannot load {self.engine.source.describe()}: {type(exc).__name__}: {exc}") from exc
-        sock = _bind(self.config.host, self.config.port)
+        sock = http.listen(self.config.host, self.config.port)
         self._server = self._uvicorn(sock, self._on_ready)
 
         def run() -> None:
@@ -150,7 +132,7 @@ class ModelServer:
     def run(self, announce: Callable[[str], None] = print) -> None:
         """Serve in this thread until SIGTERM or SIGINT (Ctrl-C), then stop cleanly. Load the model
         first (``engine.load_now()``, or let the app load it)."""
-        sock = _bind(self.config.host, self.config.port)
+        sock = http.listen(self.config.host, self.config.port)
         info_note = ""
 
         def on_ready(error: BaseException | None) -> None:
@@ -166,7 +148,7 @@ class ModelServer:
                 sys.stdout.flush()
 
         self._server = self._uvicorn(sock, on_ready)
-        previous = signal.signal(signal.SIGTERM, _exit_on_signal)
+        previous = signal.signal(signal.SIGTERM, http.exit_on_signal)
         try:
             self._server.run(sockets=[sock])
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM: uvicorn has shut down first
@@ -177,10 +159,6 @@ class ModelServer:
         if self._error is not None:
             raise RuntimeError(f"the model server did not start: {self._error}") from self._error
         announce("trainforge serve: stopped")
-
-
-def _exit_on_signal(signum: int, frame: Any) -> None:
-    raise SystemExit(0)
 
 
 def serve(config: ServeConfig | str, *, announce: Callable[[str], None] = print, **settings: Any) -> None:

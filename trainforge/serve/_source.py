@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from trainforge.registry._uri import SCHEME as MODEL_URI_SCHEME
+from trainforge.registry import SCHEME as MODEL_URI_SCHEME
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +103,9 @@ class RegistrySource(ModelSource):
     """A model of a ``trainforge.registry.Registry``: ``ref`` is ``models:/name@alias`` (followed),
     ``models:/name`` (the latest version, followed) or ``models:/name/3`` (fixed); ``name@alias`` and
     ``name/3`` work too. ``resolve`` reads the alias (one small file); ``load`` loads the exact version
-    that ``resolve`` named, so an alias moving again meanwhile is picked up at the next poll."""
+    that ``resolve`` named, so an alias moving again meanwhile is picked up at the next poll.
+    ``models:/name`` follows the latest *trained* version (a definition registered since is not
+    served); an alias or version naming a definition is refused."""
 
     def __init__(self, ref: str, registry: str | None = None):
         if not isinstance(ref, str) or not ref.strip():
@@ -128,9 +130,12 @@ class RegistrySource(ModelSource):
         from trainforge.registry import ModelNotFoundError
 
         try:
-            mv = self.registry.get(self.ref)
+            mv = self.registry.get(self.ref, kind="trained")  # models:/name: its latest trained version
         except ModelNotFoundError as exc:  # deleted (a fixed version is watched for this too)
             raise ModelGoneError(str(exc)) from exc
+        if mv.kind != "trained":
+            raise ValueError(f"{mv.uri} is a model definition (a class and its config, no trained state): train it "
+                             f"(`trainforge train {mv.uri}`), register the result and serve that")  # fmt: skip
         return ModelInfo(mv.name, int(mv.version), mv.uri, getattr(mv, "size", None))
 
     def load(self, info: ModelInfo) -> Callable[[Any], Any]:

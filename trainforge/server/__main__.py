@@ -2,6 +2,6 @@
 
 import sys
 
-from trainforge._internal.cli import main
+from trainforge._cli import main
 
 sys.exit(main(["server", *sys.argv[1:]]))

@@ -5,6 +5,7 @@
     trainforge submit [--no-wait] [--workers N] [--cpus C] [--gpus G] ... (script.py [ARGS] | pkg.mod:fn)
     trainforge jobs | status ID | logs ID [-f] [--rank N] [--tail N] | stop ID [--force]
     trainforge queue | resources | hold ID | release ID | priority ID N | retry ID
+    trainforge server users add|list|remove|rotate|set ... | events [--user NAME] | whoami   (_cli_team)
 
 Listing commands take ``--json``. A blocking ``submit`` streams the job's output and exits with the
 job's exit code; Ctrl-C detaches (the job goes on) and exits 130.
@@ -19,7 +20,20 @@ import sys
 import time
 from typing import Any
 
+from trainforge.server._cli_listing import (
+    client,
+    jobs_command,
+    logs_command,
+    print_json,
+    queue_command,
+    resources_command,
+)
+from trainforge.server._cli_team import add_commands as add_team_commands
+from trainforge.server._cli_team import add_start_options, start_config
+from trainforge.server._cli_team import forward as team_forward
 from trainforge.server._config import DEFAULT_PORT, ServerConfig, default_state_dir, parse_resources
+from trainforge.server._display import fmt_resources, ordered_metrics
+from trainforge.server._state import ACTIVE_STATES, JobState
 
 
 def add_commands(sub: Any) -> None:
@@ -41,6 +55,7 @@ def add_commands(sub: Any) -> None:
     start.add_argument("--detach", action="store_true", help="run in the background; output in <state-dir>/server.log")
     start.add_argument("--registry", help="the model registry of its Models page and /api/v1/models (path or URL; "
                        "default: $TRAINFORGE_REGISTRY, else ~/trainforge/registry)")  # fmt: skip
+    add_start_options(start)
     start.set_defaults(func=_server_start)
     status = ssub.add_parser("status", help="is a server running, where, with which jobs")
     _state_dir(status)
@@ -50,6 +65,7 @@ def add_commands(sub: Any) -> None:
     _state_dir(stop)
     stop.add_argument("--stop-jobs", action="store_true", help="stop every running job first")
     stop.set_defaults(func=_server_stop)
+    add_team_commands(sub, ssub, _address)
 
     submit = sub.add_parser("submit", help="queue a job: a script, or module:function returning a trainer")
     submit.add_argument("target", help="script.py (its fit() calls are the job's runs) or pkg.module:function")
@@ -62,6 +78,8 @@ def add_commands(sub: Any) -> None:
     submit.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     submit.add_argument("--name", help="job name (default: the script or function)")
     submit.add_argument("--hold", action="store_true", help="queue it held (start with `trainforge release ID`)")
+    submit.add_argument("--preemptible", action="store_true", help="may give its resources back to a higher-priority "
+                        "job (it stops as after Ctrl-C, is requeued and resumes from its latest checkpoint)")  # fmt: skip
     submit.add_argument("--max-retries", type=int, default=1, help="times a lost job is requeued (default 1)")
     submit.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment for the job")
     submit.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
@@ -73,10 +91,11 @@ def add_commands(sub: Any) -> None:
 
     jobs = sub.add_parser("jobs", help="list jobs, newest first")
     jobs.add_argument("--state", action="append", help="only jobs in this state (repeatable)")
-    jobs.add_argument("--limit", type=int, default=50)
+    jobs.add_argument("--limit", type=int, default=50, help="the newest N (default 50)")
+    jobs.add_argument("--all", action="store_true", help="every job (however many)")
     _address(jobs)
     _json(jobs)
-    jobs.set_defaults(func=_jobs)
+    jobs.set_defaults(func=jobs_command)
     for verb, helptext, func in (
         ("status", "one job: state, why it waits, its grant, last metrics", _status),
         ("hold", "keep a queued job from starting", _hold),
@@ -102,7 +121,7 @@ def add_commands(sub: Any) -> None:
     logs.add_argument("--rank", type=int, help="that rank's own log")
     logs.add_argument("--tail", type=int, help="only the last N lines")
     _address(logs)
-    logs.set_defaults(func=_logs)
+    logs.set_defaults(func=logs_command)
     stop_job = sub.add_parser("stop", help="stop a job (as Ctrl-C, then kill what is left)")
     stop_job.add_argument("job_id", type=int)
     stop_job.add_argument("--force", action="store_true", help="kill at once")
@@ -112,11 +131,11 @@ def add_commands(sub: Any) -> None:
     queue = sub.add_parser("queue", help="waiting jobs in the order they will start, with their reasons")
     _address(queue)
     _json(queue)
-    queue.set_defaults(func=_queue)
+    queue.set_defaults(func=queue_command)
     res = sub.add_parser("resources", help="capacity, granted and free resources; who holds which GPU")
     _address(res)
     _json(res)
-    res.set_defaults(func=_resources)
+    res.set_defaults(func=resources_command)
     dash = sub.add_parser("dashboard", help="print the dashboard's URL (with the token that opens it)")
     _address(dash)
     dash.set_defaults(func=_dashboard)
@@ -135,16 +154,6 @@ def _json(p: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
-def _client(args: Any) -> Any:
-    from trainforge.server._client import Client
-
-    return Client(args.address, state_dir=args.state_dir)
-
-
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, default=str))
-
-
 # -- server ---------------------------------------------------------------------------------------
 def _server_start(args: Any) -> int:
     state_dir = args.state_dir or default_state_dir()
@@ -155,9 +164,10 @@ def _server_start(args: Any) -> int:
     config = ServerConfig(
         state_dir=state_dir, host=args.host, port=args.port, capacity=args.capacity, reserve=args.reserve,
         stop_grace_s=args.stop_grace, durable=args.durable, token=token, warm=args.warm, registry=args.registry,
+        **start_config(args),
     )  # fmt: skip
     if args.detach:
-        from trainforge.server._client import start_background_server
+        from trainforge.server._main import dashboard_url, read_token, start_background_server
 
         forward = ["--host", args.host, "--port", str(args.port), "--stop-grace", str(args.stop_grace)]
         if args.capacity:
@@ -172,9 +182,11 @@ def _server_start(args: Any) -> int:
             forward += ["--token-file", os.path.abspath(args.token_file)]
         if args.registry:
             forward += ["--registry", args.registry]
+        forward += team_forward(args)
         print(f"trainforge server: starting in the background (output in {config.state_dir}/server.log) ...", flush=True)
         url = start_background_server(config.state_dir, extra_args=forward)
         print(f"trainforge server: serving {url}\n  token: {config.state_dir}/token   state: {config.state_dir}")
+        print(f"  dashboard: {dashboard_url(url, read_token(config.state_dir))}")
         return 0
     from trainforge.server._main import serve
 
@@ -191,7 +203,8 @@ def _server_info(args: Any) -> tuple[str, dict[str, Any] | None]:
 
 
 def _server_status(args: Any) -> int:
-    from trainforge.server._client import Client, ServerNotFoundError
+    from trainforge.server._client import Client
+    from trainforge.server._errors import ServerNotFoundError
 
     state_dir, info = _server_info(args)
     if info is None:
@@ -206,12 +219,12 @@ def _server_status(args: Any) -> int:
               "`trainforge server start` reattaches its jobs")  # fmt: skip
         return 3
     if args.json:
-        _print_json({"url": info["url"], "state_dir": state_dir, **health, "resources": res})
+        print_json({"url": info["url"], "state_dir": state_dir, **health, "resources": res})
         return 0
     jobs = health["jobs"]
     print(f"train server at {info['url']} (pid {health['pid']}, up {health['uptime_s']:.0f} s, state {state_dir})")
-    print(f"  jobs: {jobs['RUNNING'] + jobs['STARTING']} running, {jobs['STOPPING']} stopping, "
-          f"{jobs['QUEUED']} queued, {jobs['HELD']} held")  # fmt: skip
+    print(f"  jobs: {jobs[JobState.RUNNING] + jobs[JobState.STARTING]} running, {jobs[JobState.STOPPING]} stopping, "
+          f"{jobs[JobState.QUEUED]} queued, {jobs[JobState.HELD]} held")  # fmt: skip
     print(f"  free: {_fmt_resources(res['free'])} of {_fmt_resources(res['capacity'])}")
     return 0
 
@@ -229,7 +242,7 @@ def _server_stop(args: Any) -> int:
         from trainforge.server._client import Client
 
         with Client(info["url"], state_dir=state_dir) as client:
-            for job in client.jobs(["STARTING", "RUNNING", "STOPPING"], limit=1000):
+            for job in client.jobs(list(ACTIVE_STATES), limit=1000):
                 print(f"stopping job {job.id} ...", flush=True)
                 client.job(job.id).stop()
     try:
@@ -271,7 +284,9 @@ def _worker_range(text: str) -> tuple[int, int | None]:
 
 
 def _submit(args: Any) -> int:
-    from trainforge.server._client import EARLIER_TRY, Client, follow
+    from trainforge.server._client import Client
+    from trainforge.server._job_view import follow
+    from trainforge.server._submission import EARLIER_TRY
 
     target = args.target
     per_worker: dict[str, float] = {"CPU": args.cpus}
@@ -301,7 +316,7 @@ def _submit(args: Any) -> int:
     spec: dict[str, Any] = {
         "workers": low, "per_worker": per_worker, "priority": args.priority, "hold": args.hold,
         "max_retries": args.max_retries, "env": env, "cwd": os.getcwd(), "args": list(args.args),
-        "sys_path": [os.getcwd()], "config": config,
+        "sys_path": [os.getcwd()], "config": config, "preemptible": args.preemptible,
     }  # fmt: skip
     if high is not None:
         spec["max_workers"] = high
@@ -327,46 +342,21 @@ def _submit(args: Any) -> int:
         return 130
     if final is None or not final.ended:
         return 130  # detached
-    if final.state == "SUCCEEDED":
+    if final.state == JobState.SUCCEEDED:
         return 0
-    if final.state == "STOPPED":
+    if final.state == JobState.STOPPED:
         return 130
     return final.exit_code if final.exit_code not in (None, 0) else 1
 
 
 def _fmt_resources(res: dict[str, float]) -> str:
-    parts = []
-    for k, v in sorted(res.items()):
-        parts.append(f"{v / 2**30:.1f}G memory" if k == "memory" else f"{v:g} {k}")
-    return ", ".join(parts) or "-"
-
-
-def _ago(t: float | None) -> str:
-    if t is None:
-        return "-"
-    s = time.time() - t
-    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
-
-
-def _jobs(args: Any) -> int:
-    client = _client(args)
-    jobs = client.jobs(args.state, limit=args.limit)
-    if args.json:
-        _print_json([j.raw for j in jobs])
-        return 0
-    print(f"{'ID':>5}  {'STATE':<10} {'PRIO':>4}  {'WORKERS':>7}  {'SUBMITTED':>9}  {'NAME':<24} REASON / ERROR")
-    for j in jobs:
-        workers = j.raw.get("workers") or j.raw["request"]["workers"]
-        note = j.pending or j.error or ""
-        print(f"{j.id:>5}  {j.state:<10} {j.priority:>4}  {workers:>7}  {_ago(j.raw['submitted_at']):>9}  "
-              f"{j.name[:24]:<24} {note}")  # fmt: skip
-    return 0
+    return fmt_resources(res, "-")
 
 
 def _status(args: Any) -> int:
-    job = _client(args).job(args.job_id).status()
+    job = client(args).job(args.job_id).status()
     if args.json:
-        _print_json(job.raw)
+        print_json(job.raw)
         return 0
     r = job.raw
     print(job.describe())
@@ -381,23 +371,13 @@ def _status(args: Any) -> int:
     if r.get("run_path"):
         print(f"  run:     {r['run_path']}")
     if r.get("last_metrics"):
-        print(f"  metrics: {r['reports']} report(s); last {json.dumps(r['last_metrics'], default=str)[:200]}")
-    return 0
-
-
-def _logs(args: Any) -> int:
-    job = _client(args).job(args.job_id)
-    try:
-        for text in job.logs(follow=args.follow, tail=args.tail, rank=args.rank):
-            sys.stdout.write(text)
-            sys.stdout.flush()
-    except KeyboardInterrupt:
-        return 130
+        last = dict(ordered_metrics(r["last_metrics"]))
+        print(f"  metrics: {r['reports']} report(s); last {json.dumps(last, default=str)[:200]}")
     return 0
 
 
 def _stop(args: Any) -> int:
-    job = _client(args).job(args.job_id)
+    job = client(args).job(args.job_id)
     if not job.status().ended:  # (an ended one: the server's 409 says so)
         how = "killing" if args.force else "stopping"
         print(f"{how} job {args.job_id} ...", flush=True)
@@ -407,57 +387,31 @@ def _stop(args: Any) -> int:
 
 
 def _hold(args: Any) -> int:
-    print(_client(args).job(args.job_id).hold().describe())
+    print(client(args).job(args.job_id).hold().describe())
     return 0
 
 
 def _release(args: Any) -> int:
-    print(_client(args).job(args.job_id).release().describe())
+    print(client(args).job(args.job_id).release().describe())
     return 0
 
 
 def _retry(args: Any) -> int:
-    print(_client(args).job(args.job_id).retry(checkpoint=args.checkpoint).describe())
+    print(client(args).job(args.job_id).retry(checkpoint=args.checkpoint).describe())
     return 0
 
 
 def _priority(args: Any) -> int:
-    print(_client(args).job(args.job_id).set_priority(args.priority).describe())
-    return 0
-
-
-def _queue(args: Any) -> int:
-    entries = _client(args).queue()
-    if args.json:
-        _print_json(entries)
-        return 0
-    print(f"{'POS':>4}  {'ID':>5}  {'PRIO':>4}  {'NAME':<24} REASON")
-    for e in entries:
-        pos = e["pending"]["position"]
-        print(f"{pos if pos is not None else '-':>4}  {e['job_id']:>5}  {e['priority']:>4}  {e['name'][:24]:<24} "
-              f"{e['pending']['text']}")  # fmt: skip
+    print(client(args).job(args.job_id).set_priority(args.priority).describe())
     return 0
 
 
 def _dashboard(args: Any) -> int:
     """The URL that opens the dashboard: the server's, with its token (which the page turns into a
     cookie). Anyone with it can run code as the server's user: do not paste it anywhere public."""
-    from trainforge.server._client import discover
+    from trainforge.server._discovery import discover
+    from trainforge.server._main import dashboard_url
 
     url, token = discover(args.address, None, args.state_dir)
-    print(f"{url}/?token={token}" if token else f"{url}/")
-    return 0
-
-
-def _resources(args: Any) -> int:
-    res = _client(args).resources()
-    if args.json:
-        _print_json(res)
-        return 0
-    print(f"capacity: {_fmt_resources(res['capacity'])}")
-    print(f"granted:  {_fmt_resources(res['granted'])}")
-    print(f"free:     {_fmt_resources(res['free'])}")
-    for job_id, g in sorted(res["jobs"].items(), key=lambda kv: int(kv[0])):
-        gpus = f" GPUs {','.join(g['gpu_ids'])}" if g["gpu_ids"] else ""
-        print(f"  job {job_id}: {_fmt_resources(g['grant'])}{gpus}")
+    print(dashboard_url(url, token) if token else f"{url}/")
     return 0

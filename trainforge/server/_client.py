@@ -1,12 +1,7 @@
-"""The Python client of a train server: :class:`Client`, the :class:`Job` handle, and
-``submit_trainer`` behind ``trainer.submit()``.
-
-Finding the server: the ``address`` argument, else ``$TRAINFORGE_ADDRESS``, else the ``address``
-file of a state directory given (``state_dir`` or ``$TRAINFORGE_SERVER_DIR``), else (in a driver
-connected to a Ray cluster) the address the cluster's server published, else the ``address`` file
-of ``~/.trainforge/server``. The token: ``token``, else ``$TRAINFORGE_TOKEN``, else the ``token``
-file of the state directory the address came from (a Ray-published server publishes its state
-directory, not its token: see :func:`discover`).
+"""The Python client of a train server: :class:`Client` (one method per API call), the :class:`Job`
+handle, and :class:`JobStatus` (a job as the server answers it). Finding the server and its token:
+:func:`~trainforge.server._discovery.discover`; the exceptions: :mod:`trainforge.server._errors`;
+``trainer.submit()``: :mod:`trainforge.server._submission`.
 
 Streams (a job's reports, its logs, its end) reconnect by themselves with ``Last-Event-ID`` when the
 server restarts, so a client waiting on a job sees every report even across a server ``kill -9``.
@@ -18,11 +13,8 @@ import contextlib
 import dataclasses
 import http.client
 import json as _json
-import math
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -30,10 +22,20 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from trainforge.server._config import DEFAULT_PORT, ENV_ADDRESS, ENV_STATE_DIR, ENV_TOKEN, default_state_dir
+from trainforge.server._config import ENV_ADDRESS, ENV_STATE_DIR, default_state_dir
+from trainforge.server._discovery import discover
+from trainforge.server._errors import (
+    InvalidJobError,
+    JobConflictError,
+    JobNotFoundError,
+    ServerError,
+    ServerNotFoundError,
+)
+from trainforge.server._state import JobState
+from trainforge.server._trainer_job import fetch_result
 
 if TYPE_CHECKING:
-    from trainforge._internal.result import Result, TrainingReport
+    from trainforge import Result, TrainingReport
 
 API_PREFIX = "/api/v1"
 _RECONNECT_S = 60.0
@@ -42,38 +44,8 @@ _RECONNECT_S = 60.0
 SUBMIT_WAIT_S = 60.0  # how long a submission cut by a lost connection is retried (with its key)
 
 
-class ServerNotFoundError(ConnectionError):
-    """No train server answers where the client looked. ``sent``: the request may have reached the
-    server before the connection was lost (it connected, then the reply never came)."""
-
-    def __init__(self, message: str, *, sent: bool = False):
-        super().__init__(message)
-        self.sent = sent
-
-
 class _Dropped(OSError):
     """A connection lost after the request started going out: the server may have acted on it."""
-
-
-class ServerError(RuntimeError):
-    """The server refused a request: ``status`` (HTTP) and ``detail`` (its reason)."""
-
-    def __init__(self, status: int, detail: str):
-        super().__init__(f"{detail} (HTTP {status})")
-        self.status = status
-        self.detail = detail
-
-
-class JobNotFoundError(ServerError, LookupError):
-    pass
-
-
-class JobConflictError(ServerError):
-    pass
-
-
-class InvalidJobError(ServerError, ValueError):
-    pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +54,7 @@ class JobStatus:
 
     id: int
     name: str
-    state: str
+    state: JobState
     priority: int
     pending: str | None  # why it waits, in words ("needs 4 CPU, 2 free", "behind job 3", "held")
     position: int | None
@@ -95,14 +67,14 @@ class JobStatus:
     def from_json(cls, d: dict[str, Any]) -> JobStatus:
         pending = d.get("pending") or {}
         return cls(
-            id=d["id"], name=d["name"], state=d["state"], priority=d["priority"], pending=pending.get("text"),
+            id=d["id"], name=d["name"], state=JobState(d["state"]), priority=d["priority"], pending=pending.get("text"),
             position=pending.get("position"), exit_code=d.get("exit_code"), failure_class=d.get("failure_class"),
             error=d.get("error"), raw=d,
         )  # fmt: skip
 
     @property
     def ended(self) -> bool:
-        return self.state in ("SUCCEEDED", "FAILED", "STOPPED")
+        return self.state.terminal
 
     def describe(self) -> str:
         line = f"job {self.id} ({self.name}): {self.state}"
@@ -111,64 +83,6 @@ class JobStatus:
         if self.error:
             line += f": {self.error}"
         return line
-
-
-def discover(address: str | None = None, token: str | None = None, state_dir: str | None = None) -> tuple[str, str | None]:
-    """The server's URL and token, looked for in this order: ``address``; ``$TRAINFORGE_ADDRESS``;
-    the ``address`` file of a state directory given (``state_dir`` or ``$TRAINFORGE_SERVER_DIR``);
-    in a driver connected to a Ray cluster, the entry a server started against that cluster
-    published in its KV; the ``address`` file of the default state directory. The token:
-    ``token``, ``$TRAINFORGE_TOKEN``, else the ``token`` file of the state directory the address
-    came from (for a Ray-published server, the state directory it published: readable on the
-    server's machine by its user; elsewhere pass the token, as the server does not publish it)."""
-    given_dir = state_dir or os.environ.get(ENV_STATE_DIR)
-    state_dir = given_dir or default_state_dir()
-    address = address or os.environ.get(ENV_ADDRESS) or (_read(os.path.join(given_dir, "address")) if given_dir else None)
-    if not address:
-        published = _ray_published()
-        if published is not None:
-            address, state_dir = published[0], published[1] or state_dir
-    address = address or _read(os.path.join(state_dir, "address"))
-    if not address:
-        raise ServerNotFoundError(
-            f"no train server found (no address given, ${ENV_ADDRESS} unset, no {state_dir}/address): "
-            "start one with `trainforge server start`"
-        )
-    token = token or os.environ.get(ENV_TOKEN) or _read(os.path.join(state_dir, "token"))
-    return address.rstrip("/"), token
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
-
-def _ray_published() -> tuple[str, str | None] | None:
-    """``(url, state_dir)`` of the server started against this driver's Ray cluster (what it
-    published in the cluster's KV), or None: ray not imported, not connected, nothing published.
-    Never imports ray nor connects."""
-    from trainforge._internal.ray_utils import ray_connected
-
-    if not ray_connected():
-        return None
-    from ray.experimental import internal_kv
-
-    from trainforge.server._main import RAY_KV_KEY, RAY_KV_NAMESPACE
-
-    try:
-        value = internal_kv._internal_kv_get(RAY_KV_KEY, namespace=RAY_KV_NAMESPACE)
-    except Exception:  # the cluster is unreachable now: look elsewhere
-        return None
-    if not value:
-        return None
-    try:
-        entry = _json.loads(value)
-        return str(entry["url"]), entry.get("state_dir")
-    except (ValueError, KeyError, TypeError):
-        return value.decode(), None  # a bare URL
 
 
 class _Http:
@@ -464,14 +378,11 @@ class Job:
         """The :class:`~trainforge.Result` its run returned, as ``fit()`` would return it (waits).
         Like ``fit()``, raises the run's error if it failed; a job stopped or lost before it had a
         result raises :class:`ServerError`."""
-        import cloudpickle
-
         status = self.wait(timeout)
         try:
-            blob = self.client.request("GET", f"/jobs/{self.id}/result")
+            result = fetch_result(self.client, self.id)
         except JobNotFoundError as exc:
             raise ServerError(exc.status, f"{status.describe()}; {exc.detail}") from None
-        result: Result = cloudpickle.loads(blob)
         if result.error is not None:
             raise result.error
         return result
@@ -479,16 +390,11 @@ class Job:
     def reports(self) -> Iterator[TrainingReport]:
         """Every report of its runs as they arrive (from the first), as ``fit_iter()`` yields them;
         ends when the job ends."""
-        from trainforge._internal.checkpoint import Checkpoint
-        from trainforge._internal.result import TrainingReport
+        from trainforge._internal.job_events import EventType, decode_report
 
         for event, _, data in self.client.stream(f"/jobs/{self.id}/stream"):
-            if event == "report":
-                ckpt = data.get("checkpoint")
-                yield TrainingReport(
-                    index=data["index"], metrics=data["metrics"], all_metrics=data.get("all_metrics") or [data["metrics"]],
-                    checkpoint=Checkpoint(ckpt) if ckpt else None, attempt=data.get("attempt", 0),
-                )  # fmt: skip
+            if event == EventType.REPORT:
+                yield decode_report(data)
             elif event == "end":
                 return
 
@@ -537,262 +443,3 @@ class Job:
         starts from ``checkpoint`` (a path or URL from its checkpoints)."""
         body = {"checkpoint": checkpoint} if checkpoint is not None else None
         return JobStatus.from_json(self.client.request("POST", f"/jobs/{self.id}/retry", json=body))
-
-
-def start_background_server(state_dir: str | None = None, *, extra_args: list[str] | None = None,
-                            timeout_s: float = 60.0) -> str:  # fmt: skip
-    """Start ``trainforge server start`` detached (output in ``<state_dir>/server.log``) and return
-    its URL once it answers."""
-    from trainforge.server._main import ADDRESS_FILE, SERVER_FILE
-
-    state_dir = os.path.abspath(os.path.expanduser(state_dir or default_state_dir()))
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
-    from trainforge.server._main import check_not_running
-
-    check_not_running(state_dir)  # a running server's files are left alone
-    for stale in (ADDRESS_FILE, SERVER_FILE):
-        try:
-            os.remove(os.path.join(state_dir, stale))
-        except FileNotFoundError:
-            pass
-    env = dict(os.environ)
-    if "ray" in sys.modules and not env.get("RAY_ADDRESS"):
-        import ray
-
-        if ray.is_initialized():  # a driver connected to Ray: the server schedules on that cluster
-            env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
-    from trainforge._internal.state_files import open_append
-
-    with open_append(os.path.join(state_dir, "server.log")) as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trainforge.server", "start", "--state-dir", state_dir, *(extra_args or [])],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-        )  # fmt: skip
-    deadline = time.monotonic() + timeout_s
-    address_file = os.path.join(state_dir, ADDRESS_FILE)
-    while time.monotonic() < deadline:
-        code = proc.poll()
-        if code is not None:
-            tail = (_read(os.path.join(state_dir, "server.log")) or "").splitlines()[-5:]
-            raise RuntimeError(f"the train server exited at start (code {code}):\n" + "\n".join(tail))
-        address = _read(address_file)
-        if address:
-            return address
-        time.sleep(0.05)  # waiting for another process to write a file: nothing to block on
-    raise TimeoutError(f"the train server did not start within {timeout_s:.0f} s; see {state_dir}/server.log")
-
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def _trainer_spec(trainer: Any) -> dict[str, Any]:
-    from trainforge._internal.resources import per_worker
-
-    scaling = trainer.scaling_config
-    spec: dict[str, Any] = {
-        "kind": "trainer",
-        "workers": scaling.min_workers,
-        "per_worker": per_worker(scaling) or {"CPU": 0.0},
-        "cwd": os.getcwd(),
-        "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
-    }
-    if scaling.max_workers != scaling.min_workers:
-        spec["max_workers"] = scaling.max_workers
-    config = flat_config(getattr(trainer, "train_loop_config", None) or {})
-    if config:
-        spec["config"] = config
-    return spec
-
-
-def flat_config(config: dict[str, Any], limit: int = 500) -> dict[str, Any]:
-    """A job's configuration as the server keeps it: nested dicts flattened to ``a/b`` keys, only
-    JSON scalars (finite numbers, short strings, booleans, None), at most ``limit`` keys."""
-    out: dict[str, Any] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if len(out) >= limit:
-            return
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}/{k}" if prefix else str(k), v)
-        elif value is None or isinstance(value, (bool, int)) or (isinstance(value, str) and len(value) <= 1000):
-            out[prefix] = value
-        elif isinstance(value, float) and math.isfinite(value):
-            out[prefix] = value
-
-    walk("", config)
-    out.pop("", None)
-    return {k: v for k, v in out.items() if len(k) <= 200}
-
-
-def submit_trainer(
-    trainer: Any,
-    *,
-    wait: bool = False,
-    callback: Callable[[Result], Any] | None = None,
-    address: str | None = None,
-    name: str | None = None,
-    priority: int = 0,
-    hold: bool = False,
-    max_retries: int = 1,
-    env: dict[str, str] | None = None,
-    out: Any = None,
-) -> Job:
-    import base64
-
-    import cloudpickle
-
-    try:
-        blob = cloudpickle.dumps(trainer)
-    except Exception as exc:
-        raise TypeError(
-            f"{type(trainer).__name__}.submit(): the trainer cannot be sent to the server because it does not "
-            f"pickle ({type(exc).__name__}: {exc}). Its train loop, config and datasets must be picklable by "
-            "cloudpickle: open files, locks, sockets and live connections are not; create those inside the loop."
-        ) from exc
-    out = out or sys.stdout
-    spec = _trainer_spec(trainer)
-    spec.update(
-        trainer_b64=base64.b64encode(blob).decode(),
-        name=name or trainer.run_config.name or type(trainer).__name__,
-        priority=priority, hold=hold, max_retries=max_retries, env=dict(env or {}),
-        submission_id=uuid.uuid4().hex,  # a retried request queues the job once
-    )  # fmt: skip
-    def waiting(line: str) -> None:
-        print(f"trainforge: {line}", file=out, flush=True)
-
-    try:  # one request when a server runs: the reply carries the job's state
-        client = Client(address)
-        job = client.submit(spec, on_wait=waiting)
-    except ServerNotFoundError as exc:
-        if exc.sent or address is not None or os.environ.get(ENV_ADDRESS):
-            raise  # a server went away with the submission (retried until the deadline), or one was named
-        url = start_background_server(extra_args=[] if _port_free(DEFAULT_PORT) else ["--port", "0"])
-        print(f"trainforge: no train server was running; started one at {url} "
-              f"(state in {default_state_dir()}; stop it with `trainforge server stop`)", file=out, flush=True)  # fmt: skip
-        client = Client(url)
-        job = client.submit(spec, on_wait=waiting)  # the same key: never queued twice
-    print(submitted_line(job, client.address), file=out, flush=True)
-    if callback is not None:
-
-        def deliver() -> None:
-            try:
-                callback(job.result())
-            except BaseException as exc:  # the callback is told through the Result as fit() would raise
-                print(f"trainforge: job {job.id}: {exc}", file=out, flush=True)
-
-        threading.Thread(target=deliver, daemon=True, name=f"tf-job{job.id}-callback").start()
-    if wait:
-        follow(job, out)
-    return job
-
-
-def submitted_line(job: Job, address: str) -> str:
-    """What a submission tells its user: the job the server committed, and its state."""
-    status = job.submitted or job.status()
-    line = f"trainforge: submitted job {job.id} to {address}: {status.state}"
-    return line + (f" ({status.pending})" if status.pending else "") + (EARLIER_TRY if not job.created else "")
-
-
-EARLIER_TRY = " [queued by an earlier try of this submission, before the connection dropped]"
-
-
-def follow(job: Job, out: Any = None) -> JobStatus | None:
-    """Print the job's output as it comes until it ends and return its final status; Ctrl-C
-    detaches (the job goes on) and returns None. On a terminal, the job's reports are drawn in the
-    same live panel as a local ``fit()``'s (its state while queued, each rank's latest report, the
-    rate, checkpoints), with the output above it."""
-    out = out or sys.stdout
-    from trainforge._internal.live_view import live_view_available
-
-    view = _JobView(job, out) if live_view_available(out) else None
-    try:
-        for text in job.logs(follow=True):
-            if view is not None:
-                text = view.filter(text)
-            out.write(text)
-            out.flush()
-        status = job.status()
-        if view is not None:
-            view.close(status)
-        print(f"trainforge: {status.describe()}", file=out, flush=True)
-        return status
-    except KeyboardInterrupt:
-        if view is not None:
-            view.close(None)
-        print(
-            f"\ntrainforge: detached from job {job.id}; it keeps running. Reattach with "
-            f"`trainforge logs {job.id} -f`, stop it with `trainforge stop {job.id}`.", file=out, flush=True,
-        )  # fmt: skip
-        # No further request on this client: the interrupt may have hit inside its connection pool.
-        return None
-
-
-class _JobView:
-    """The live panel (``_internal/live_view.py``) fed by a job of the server: its state polled every
-    second, its reports streamed in a thread. The runner's own per-report lines are left out of the
-    output shown above the panel (the panel has them)."""
-
-    def __init__(self, job: Job, out: Any):
-        from trainforge._internal.live_view import LiveView
-
-        status = job.submitted or job.status()
-        self.job = job
-        self.view = LiveView(1, f"job {job.id} ({status.name})", out=out)
-        self.view.closing_lines = False  # the runner's own closing lines come with the output
-        self.view.on_run_start(status.raw.get("run_path") or "", status.raw.get("workers") or
-                               (status.raw.get("request") or {}).get("workers") or "?")  # fmt: skip
-        self._set(status)
-        self.done = threading.Event()
-        for target, name in ((self._poll, "status"), (self._reports, "reports")):
-            threading.Thread(target=target, daemon=True, name=f"tf-job{job.id}-view-{name}").start()
-
-    def _set(self, status: JobStatus) -> None:
-        text = status.state.lower() + (f" ({status.pending})" if status.pending else "")
-        self.view.set_state(text, run_path=status.raw.get("run_path"))
-
-    def _poll(self) -> None:
-        while not self.done.wait(1.0):
-            try:
-                status = self.job.status()
-            except (ServerError, ServerNotFoundError, OSError):
-                continue
-            self._set(status)
-            if status.ended:
-                return
-
-    def _reports(self) -> None:
-        try:
-            for report in self.job.reports():
-                if self.done.is_set():
-                    return
-                self.view.on_report(report)
-        except (ServerError, ServerNotFoundError, OSError):
-            pass
-
-    @staticmethod
-    def filter(text: str) -> str:
-        return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("trainforge: [report "))
-
-    def close(self, status: JobStatus | None) -> None:
-        self.done.set()
-        if status is not None:
-            self._set(status)
-        error = None if status is None or status.state == "SUCCEEDED" else (status.error or status.state)
-        self.view.on_run_end(_Ended(error))
-
-
-class _Ended:
-    """What the panel's end needs of a Result."""
-
-    def __init__(self, error: Any):
-        self.error = error
-        self.checkpoint = None

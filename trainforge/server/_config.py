@@ -8,12 +8,16 @@ import os
 from pathlib import Path
 
 from trainforge._internal.http import is_loopback
+from trainforge.server._team_policy import TeamPolicy
 
 DEFAULT_PORT = 8270  # not Ray's 6379 / 8265 (dashboard) / 8266 / 10001 (client)
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 ENV_ADDRESS = "TRAINFORGE_ADDRESS"  # the client's way to a server ("http://127.0.0.1:8270")
 ENV_STATE_DIR = "TRAINFORGE_SERVER_DIR"  # default --state-dir, where the client finds address and token
 ENV_TOKEN = "TRAINFORGE_TOKEN"
+# A server on a Ray cluster publishes its URL (and state directory) in the cluster's KV under this key.
+RAY_KV_KEY = b"trainforge_server_address"
+RAY_KV_NAMESPACE = b"trainforge"
 
 
 def default_state_dir() -> str:
@@ -36,7 +40,11 @@ class ServerConfig:
     ``registry``: the model registry its Models page, ``/api/v1/models`` and ``/api/v1/serve`` use
     (a path or fsspec URL; None: ``Registry()``'s default, ``$TRAINFORGE_REGISTRY`` or ``~/trainforge/registry``).
     A non-loopback ``host`` is refused unless ``token`` is given (the token is otherwise random, in
-    ``<state_dir>/token``, mode 0600).
+    ``<state_dir>/token``, mode 0600), and warned about loudly without TLS. ``tls_cert``/``tls_key``:
+    serve HTTPS with this certificate chain and key (PEM files; both or neither). ``scrape_token``:
+    the token that may read ``/metrics`` and nothing else (None: random, in ``<state_dir>/scrape_token``).
+    ``team``: the rules of a server several users share (fair share, preemption, quotas, what
+    members may do: :class:`~trainforge.server._team_policy.TeamPolicy`).
 
     Example::
 
@@ -53,6 +61,14 @@ class ServerConfig:
     token: str | None = None
     warm: bool = True
     registry: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    scrape_token: str | None = None
+    team: TeamPolicy = dataclasses.field(default_factory=TeamPolicy)
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
 
     def __post_init__(self) -> None:
         self.state_dir = os.path.abspath(os.path.expanduser(self.state_dir))
@@ -76,6 +92,20 @@ class ServerConfig:
                              "(e.g. '/data/registry' or 's3://bucket/registry'), or None for Registry()'s default.")
         if self.registry is not None and "://" not in self.registry:
             self.registry = os.path.abspath(os.path.expanduser(self.registry))
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError(f"ServerConfig.tls_cert={self.tls_cert!r}, tls_key={self.tls_key!r}: give both (the "
+                             "certificate chain and its private key, PEM files) or neither")  # fmt: skip
+        for field in ("tls_cert", "tls_key"):
+            value = getattr(self, field)
+            if value is not None:
+                setattr(self, field, os.path.abspath(os.path.expanduser(value)))
+                if not os.path.isfile(getattr(self, field)):
+                    raise ValueError(f"ServerConfig.{field}={value!r}: no such file (a PEM file, e.g. made with "
+                                     "`openssl req -x509 ...` or from your certificate authority)")  # fmt: skip
+        if self.scrape_token is not None and (not isinstance(self.scrape_token, str) or len(self.scrape_token) < 16):
+            raise ValueError("ServerConfig.scrape_token: give a string of at least 16 characters (or None for a random one).")
+        if not isinstance(self.team, TeamPolicy):
+            raise ValueError(f"ServerConfig.team={self.team!r}: give a TeamPolicy(...)")
         if not is_loopback(self.host) and self.token is None:
             raise ValueError(
                 f"ServerConfig.host={self.host!r} is not a loopback address: anyone who can reach it could run "
@@ -112,7 +142,7 @@ def machine_capacity() -> dict[str, float]:
     """This machine's CPUs, GPUs (``CUDA_VISIBLE_DEVICES`` or nvidia-smi) and memory in bytes."""
     import psutil
 
-    from trainforge._internal.worker_env import local_gpu_ids
+    from trainforge._internal.devices import local_gpu_ids
 
     return {
         "CPU": float(os.cpu_count() or 1),

@@ -1,10 +1,12 @@
 """Running a train server process: the lock on its state directory, its token, its address file,
-reattaching jobs, then serving the API with uvicorn until SIGTERM/SIGINT.
+reattaching jobs, then serving the API with uvicorn until SIGTERM/SIGINT; and starting one in the
+background (:func:`start_background_server`).
 
 Files in the state directory (``~/.trainforge/server`` by default):
 
 - ``state.db`` (+ ``-wal``): jobs and events (:mod:`trainforge.server._store`);
-- ``token`` (mode 0600): the API token, kept across restarts so clients stay connected;
+- ``token`` (mode 0600): the API token (the built-in admin's), kept across restarts so clients stay connected;
+- ``scrape_token`` (mode 0600): the token that may read ``/metrics`` and nothing else (for Prometheus);
 - ``address``: the URL, for clients on this machine (removed on a clean stop);
 - ``server.json``: pid, process start time and URL of the server running now;
 - ``server.lock``: held (``flock``) while a server runs, so two never share a state directory;
@@ -19,25 +21,49 @@ import json
 import os
 import secrets
 import signal
-import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import IO, Any
 
+# The package, then http.listen(): `from trainforge._internal.http import listen` would name the module
+# http.listen to import-linter, which is not the named interface.
+from trainforge._internal import http
 from trainforge._internal.state_files import open_append, write_atomic
-from trainforge.server._config import ServerConfig, effective_capacity, machine_capacity
+from trainforge.server._config import (
+    RAY_KV_KEY,
+    RAY_KV_NAMESPACE,
+    ServerConfig,
+    default_state_dir,
+    effective_capacity,
+    machine_capacity,
+)
+from trainforge.server._discovery import read_text
+from trainforge.server._display import fmt_resources
 
 ADDRESS_FILE = "address"
 TOKEN_FILE = "token"
+SCRAPE_TOKEN_FILE = "scrape_token"
 SERVER_FILE = "server.json"
 LOCK_FILE = "server.lock"
-RAY_KV_KEY = b"trainforge_server_address"
-RAY_KV_NAMESPACE = b"trainforge"
+
+
+_CLEAR_TEXT_WARNING = """
+trainforge server: ************************************************************************************
+trainforge server: WARNING: serving {host} without TLS. Every token (the admin's, each user's) and
+trainforge server: every job's code and output cross the network in clear text: anyone on the path can
+trainforge server: read them and act as you. Pass --tls-cert CERT.pem --tls-key KEY.pem (see
+trainforge server: docs/team-server.md), or bind 127.0.0.1 and reach it through an SSH tunnel.
+trainforge server: ************************************************************************************"""
 
 
 class ServerRunningError(RuntimeError):
     """A server already runs on this state directory."""
+
+
+class ServerStartError(RuntimeError):
+    """A server started in the background exited before it served: why, in its own last line."""
 
 
 def read_token(state_dir: str) -> str | None:
@@ -48,9 +74,9 @@ def read_token(state_dir: str) -> str | None:
         return None
 
 
-def _ensure_token(state_dir: str, given: str | None) -> str:
-    path = os.path.join(state_dir, TOKEN_FILE)
-    token = given or read_token(state_dir) or secrets.token_urlsafe(32)
+def _ensure_token(state_dir: str, given: str | None, name: str = TOKEN_FILE) -> str:
+    path = os.path.join(state_dir, name)
+    token = given or read_text(path) or secrets.token_urlsafe(32)
     write_atomic(path, token, mode=0o600)
     return token
 
@@ -150,10 +176,6 @@ def _unpublish_on_ray(entry: bytes, *, disconnect: bool) -> None:
         ray.shutdown()
 
 
-def _exit_on_signal(signum: int, frame: Any) -> None:
-    raise SystemExit(0)
-
-
 def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> None:
     """Run a server in this process until SIGTERM or SIGINT."""
     import uvicorn
@@ -171,30 +193,22 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
     capacity = effective_capacity(config, ray_total if ray_total is not None else machine_capacity())
     if ray_total is not None and config.capacity is None:
         capacity = {k: float(v) for k, v in ray_total.items()}  # the cluster's own: no reserve taken off
+    scrape_token = _ensure_token(config.state_dir, config.scrape_token, SCRAPE_TOKEN_FILE)
     service = JobService(config.state_dir, capacity, durable=config.durable, stop_grace_s=config.stop_grace_s,
-                         warm=config.warm)  # fmt: skip
+                         warm=config.warm, team=config.team)  # fmt: skip
     t0 = time.perf_counter()
     counts = service.recover()  # before anything is accepted
     recover_s = time.perf_counter() - t0
     service.start()
-    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on such sockets' connections (without it every
-    # response waited ~40 ms for the client's delayed ACK).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((config.host, config.port))
-    except OSError as exc:
+        sock = http.listen(config.host, config.port)
+    except OSError:
         service.close()
         lock.close()
-        raise OSError(
-            f"cannot listen on {config.host}:{config.port} ({exc.strerror}): another program uses the port; "
-            "pass --port (0 picks a free one)"
-        ) from None
-    sock.listen(2048)  # connections queue here until uvicorn accepts them
+        raise
     port = sock.getsockname()[1]
     host = f"[{config.host}]" if ":" in config.host else config.host
-    url = f"http://{host}:{port}"
+    url = f"{'https' if config.tls else 'http'}://{host}:{port}"
     import psutil
 
     write_atomic(
@@ -204,8 +218,9 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
     write_atomic(os.path.join(config.state_dir, ADDRESS_FILE), url)
     ray_entry = _publish_on_ray(url, config.state_dir) if ray_total is not None else None
     allowed = {"127.0.0.1", "localhost", "::1", config.host.lower()}
-    guard, _ = make_app(service, token=token, allowed_hosts=allowed, registry=config.registry)
-    kinds = ", ".join(f"{v:g} {k}" if k != "memory" else f"{v / 2**30:.1f} GiB memory" for k, v in sorted(capacity.items()))
+    guard, _ = make_app(service, token=token, allowed_hosts=allowed, registry=config.registry, tls=config.tls,
+                        scrape_token=scrape_token)  # fmt: skip
+    kinds = fmt_resources(capacity, "nothing")
     where = "the Ray cluster's" if ray_total is not None else "capacity"
     if any(counts.values()):
         announce(
@@ -214,15 +229,21 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
             f"{counts['queued']} queued"
         )
     announce(f"trainforge server: token in {os.path.join(config.state_dir, TOKEN_FILE)}, state in {config.state_dir}")
+    users = len(service.users.list())
+    announce(f"trainforge server: {users} user(s) besides the admin (`trainforge server users`); /metrics with "
+             f"{os.path.join(config.state_dir, SCRAPE_TOKEN_FILE)}")  # fmt: skip
+    if not http.is_loopback(config.host) and not config.tls:
+        announce(_CLEAR_TEXT_WARNING.format(host=config.host))
     announce(f"trainforge server: {where}: {kinds}")
-    announce(f"trainforge server: dashboard at {url}/ (`trainforge dashboard` prints its URL with the token)")
+    announce(f"trainforge server: dashboard at {dashboard_url(url, token if _own_terminal() else None)}")
     announce(f"trainforge server: serving {url} (pid {os.getpid()})")  # the last line: clients may connect
     sys.stdout.flush()
     # uvicorn re-raises SIGTERM/SIGINT once it has shut down; let that end this function through its
     # `finally` (address file removed, "stopped" printed) instead of killing the process outright.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGTERM, http.exit_on_signal)
     server = uvicorn.Server(
-        uvicorn.Config(guard, log_level="warning", lifespan="on", timeout_graceful_shutdown=2, access_log=False)
+        uvicorn.Config(guard, log_level="warning", lifespan="on", timeout_graceful_shutdown=2, access_log=False,
+                       ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key)
     )
     try:
         server.run(sockets=[sock])
@@ -241,3 +262,73 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
         lock.close()
         note = f"; {len(left)} job(s) keep running and are reattached when it starts again" if left else ""
         announce(f"trainforge server: stopped{note}")
+
+
+def dashboard_url(url: str, token: str | None) -> str:
+    """The URL that opens the dashboard: with the token (which the page turns into a cookie), or
+    without it (then where to get it)."""
+    if token:
+        return f"{url}/?token={token}"
+    return f"{url}/ (`trainforge dashboard` prints its URL with the token that opens it)"
+
+
+def _own_terminal() -> bool:
+    """Output goes to a terminal, the user's own: there the dashboard's URL may carry the token (as
+    Jupyter's does); not to a file or pipe, where logs may keep it."""
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def start_background_server(state_dir: str | None = None, *, extra_args: list[str] | None = None,
+                            timeout_s: float = 60.0) -> str:  # fmt: skip
+    """Start ``trainforge server start`` detached (output in ``<state_dir>/server.log``) and return
+    its URL once it answers."""
+    state_dir = os.path.abspath(os.path.expanduser(state_dir or default_state_dir()))
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    check_not_running(state_dir)  # a running server's files are left alone
+    for stale in (ADDRESS_FILE, SERVER_FILE):
+        try:
+            os.remove(os.path.join(state_dir, stale))
+        except FileNotFoundError:
+            pass
+    log_path = os.path.join(state_dir, "server.log")
+    env = dict(os.environ)
+    if "ray" in sys.modules and not env.get("RAY_ADDRESS"):
+        import ray
+
+        if ray.is_initialized():  # a driver connected to Ray: the server schedules on that cluster
+            env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    with open_append(log_path) as log:
+        start = log.seek(0, os.SEEK_END)  # this start's output begins here (the log is appended to)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainforge.server", "start", "--state-dir", state_dir, *(extra_args or [])],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+        )  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    address_file = os.path.join(state_dir, ADDRESS_FILE)
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if code is not None:
+            raise ServerStartError(f"the train server exited at start (code {code}): {_last_line(log_path, start)} "
+                                   f"(its output: {log_path})")  # fmt: skip
+        address = read_text(address_file)
+        if address:
+            return address
+        time.sleep(0.05)  # waiting for another process to write a file: nothing to block on
+    raise TimeoutError(f"the train server did not start within {timeout_s:.0f} s; see {state_dir}/server.log")
+
+
+def _last_line(path: str, start: int) -> str:
+    """The last line a server wrote to its log since byte ``start``: its reason for exiting (the
+    CLI's one-line error, or a traceback's last line), without the ``trainforge:`` prefix."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        lines = []
+    if not lines:
+        return "it printed nothing"
+    return lines[-1].removeprefix("trainforge: ")

@@ -30,8 +30,27 @@ The rule:
    together would not be enough). A job shrinks at its next committed checkpoint, so no work is
    lost (one that never checkpoints gives nothing back until it ends); what it gives back goes to
    the waiting job. A running elastic job grows only into resources that no waiting job lacks, so
-   grow and shrink never ping-pong. The server does both (``JobService._shrink`` and ``_grow``);
+   grow and shrink never ping-pong. The server does both (:mod:`trainforge.server._elastic`);
    this function only names the blocked job.
+
+With a :class:`Team` (a server shared by several users; the service passes it), three more rules:
+
+6. **Quotas.** A user's jobs never hold more than their quota (``Team.quotas``: CPUs, GPUs, memory,
+   any kind) at once: a job that would take its user over waits with reason ``quota`` and reserves
+   nothing (a quota never holds back another user's job, and never preempts).
+7. **Fair share.** Among jobs of equal priority, users are ordered by Slurm's classic fair-share
+   factor F = 2^(-U/S): U is the user's decayed usage as a fraction of everyone's (the service keeps
+   it, running jobs included, halving every half-life), S their share as a fraction of the users'.
+   A user who used less than their share comes first, so a user with one job is not stuck behind
+   another's hundred; over time each user's usage converges to their share. Users who tie (nobody
+   has used anything yet) take turns, one job each; then submission order.
+8. **Preemption.** When the blocked job (rule 5) cannot start from what is free, what stopping jobs
+   will give back and what elastic jobs can lend (they shrink first), running ``preemptible`` jobs
+   of *lower* priority that have run at least ``exempt_s`` and were not preempted in the last
+   ``cooldown_s`` are named in :attr:`Decision.preempt`: lowest priority first, then newest, just
+   enough for it to fit (a last pass drops any victim it could do without), or none at all if all of
+   them together would not be enough. The server asks them to stop as Ctrl-C would and requeues them;
+   they resume from their latest committed checkpoint.
 """
 
 from __future__ import annotations
@@ -41,8 +60,11 @@ import functools
 import math
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
+from trainforge.server._sharing import RunningJob, Team, add, fair_order, victims
+
+__all__ = ["Decision", "JobRequest", "Pending", "RunningJob", "Start", "Team", "check_fits", "decide", "free_resources"]
 Resources = Mapping[str, float]
 """Amounts by resource kind: ``{"CPU": 4, "GPU": 1, "memory": 8e9, "my_custom": 2}``."""
 
@@ -61,6 +83,7 @@ class JobRequest:
     driver: Resources = dataclasses.field(default_factory=dict)
     priority: int = 0
     held: bool = False
+    user: str = ""  # who owns it (fair share, quotas)
 
     def __post_init__(self) -> None:
         if self.min_workers < 1:
@@ -76,6 +99,23 @@ class JobRequest:
                         f"JobRequest.{field}[{kind!r}]={amount!r}: must be a finite number >= 0."
                     )
 
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any], job_id: int = 0, *, priority: int = 0, held: bool = False,
+                  user: str = "") -> JobRequest:  # fmt: skip
+        """What a job spec (as the server stores it) asks for (``job_id`` 0: a request checked
+        before the job has an id)."""
+        return cls(
+            job_id=job_id,
+            seq=job_id,
+            per_worker=spec.get("per_worker", {}),
+            min_workers=int(spec.get("min_workers", 1)),
+            max_workers=spec.get("max_workers"),
+            driver=spec.get("driver", {}),
+            priority=priority,
+            held=held,
+            user=user,
+        )
+
     @property
     def upper_workers(self) -> int:
         return self.min_workers if self.max_workers is None else self.max_workers
@@ -89,10 +129,6 @@ class JobRequest:
     def kinds(self) -> frozenset[str]:
         """The kinds its minimum request asks for (in amounts above zero)."""
         return frozenset(self.min_request)
-
-    @functools.cached_property
-    def order_key(self) -> tuple[int, int]:
-        return (-self.priority, self.seq)
 
     def request(self, workers: int) -> dict[str, float]:
         """Driver plus ``workers`` workers, by kind (kinds asked for in zero amounts are left out)."""
@@ -114,16 +150,19 @@ class Start:
 class Pending:
     """Why a queued job waits, and its place among the waiting jobs that are not held (1 = next).
 
-    ``reason``: ``"held"``; ``"resources"`` (``need`` and ``free`` name the kinds it lacks); or
-    ``"reserved"`` (it would fit, but ``behind`` waits for kinds it also needs).
+    ``reason``: ``"held"``; ``"resources"`` (``need`` and ``free`` name the kinds it lacks);
+    ``"reserved"`` (it would fit, but ``behind`` waits for kinds it also needs); or ``"quota"``
+    (it would take its user over their quota: ``need`` its request, ``free`` what is left of the
+    quota, ``limit`` the quota, of the kinds it would exceed).
     """
 
     job_id: int
     position: int | None  # None while held
-    reason: Literal["held", "resources", "reserved"]
+    reason: Literal["held", "resources", "reserved", "quota"]
     need: dict[str, float] = dataclasses.field(default_factory=dict)
     free: dict[str, float] = dataclasses.field(default_factory=dict)
     behind: int | None = None
+    limit: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def describe(self) -> str:
         """One line for a person: ``needs 4 CPU, 2 free``, ``behind job 12``, ``held``."""
@@ -131,6 +170,10 @@ class Pending:
             return "held"
         if self.reason == "reserved":
             return f"behind job {self.behind}"
+        if self.reason == "quota":
+            parts = [f"{_num(self.need[k])} {k}, {_num(self.free.get(k, 0.0))} of {_num(self.limit.get(k, 0.0))} left"
+                     for k in sorted(self.need)]  # fmt: skip
+            return "over its user's quota: needs " + "; ".join(parts)
         parts = [f"{_num(self.need[k])} {k}, {_num(self.free.get(k, 0.0))} free" for k in sorted(self.need)]
         return "needs " + "; ".join(parts)
 
@@ -141,15 +184,18 @@ class Decision:
     every resource kind that is still free is reserved, no later job can start, so the scan stops
     and the reasons of the rest wait until someone asks). ``reserved``: kinds a waiting job lacks.
     ``blocked``: the first waiting job, in queue order and not held, that lacks resources (the one
-    elastic jobs lend to, rule 5), known without working out the others' reasons."""
+    elastic jobs lend to, rule 5), known without working out the others' reasons. ``preempt``: the
+    running jobs to preempt for it (rule 8)."""
 
     def __init__(self, starts: list[Start], pending: list[Pending], rest: Callable[[], list[Pending]] | None = None,
-                 reserved: set[str] | None = None, blocked: int | None = None):  # fmt: skip
+                 reserved: set[str] | None = None, blocked: int | None = None,
+                 preempt: list[int] | None = None):  # fmt: skip
         self.starts = starts
         self._pending = pending
         self._rest = rest
         self.reserved = reserved if reserved is not None else set()
         self.blocked = blocked
+        self.preempt = preempt if preempt is not None else []
 
     @property
     def pending(self) -> list[Pending]:
@@ -159,12 +205,12 @@ class Decision:
         return self._pending
 
     def __repr__(self) -> str:
-        return f"Decision(starts={self.starts!r}, pending={self.pending!r})"
+        return f"Decision(starts={self.starts!r}, pending={self.pending!r}, preempt={self.preempt!r})"
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Decision):
             return NotImplemented
-        return self.starts == other.starts and self.pending == other.pending
+        return self.starts == other.starts and self.pending == other.pending and self.preempt == other.preempt
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -186,34 +232,43 @@ def _lacking(request: Resources, free: Resources) -> dict[str, float]:
     return {k: v for k, v in request.items() if v > free.get(k, 0.0) + _EPS}
 
 
-def check_fits(job: JobRequest, capacity: Resources) -> None:
-    """Raise ValueError, with the numbers, if ``job`` could not start even on an idle ``capacity``."""
+def check_fits(job: JobRequest, capacity: Resources, quota: Resources | None = None) -> None:
+    """Raise ValueError, with the numbers, if ``job`` could not start even on an idle ``capacity``
+    (or, given its user's ``quota``, even when its user holds nothing else)."""
     request = job.request(job.min_workers)
+    who = f"job {job.job_id}" if job.job_id else "the job"  # job id 0: a request checked before it has one
     lacking = _lacking(request, capacity)
     if lacking:
         parts = ", ".join(
             f"{_num(v)} {k} (capacity {_num(capacity.get(k, 0.0))})" for k, v in sorted(lacking.items())
         )
-        who = f"job {job.job_id}" if job.job_id else "the job"  # job id 0: a request checked before it has one
         raise ValueError(
             f"{who} asks for {parts} with {job.min_workers} worker(s) and its driver, more than the "
             "server has even when idle: ask for fewer workers or resources per worker, or start the server with "
             "more capacity (--capacity)."
         )
-
-
-def _order(queue: Iterable[JobRequest]) -> list[JobRequest]:
-    return sorted(queue, key=operator.attrgetter("order_key"))
+    over = _lacking({k: v for k, v in request.items() if quota and k in quota}, quota or {})
+    if over:
+        parts = ", ".join(f"{_num(v)} {k} (quota {_num((quota or {})[k])})" for k, v in sorted(over.items()))
+        raise ValueError(
+            f"{who} asks for {parts} with {job.min_workers} worker(s) and its driver, more than its user's quota "
+            f"{job.user!r} allows even with nothing else running: ask for less, or ask an admin to raise the quota "
+            "(`trainforge server users set NAME --quota ...`)."
+        )
 
 
 class _Scan:
     """The rule's walk down the ordered queue (see the module docstring), resumable: ``run(i)``
     handles jobs from index ``i`` until the end, or, with ``stop_when_saturated``, until no later
-    job can start; ``run`` then returns the index to resume from."""
+    job can start; ``run`` then returns the index to resume from. ``quotas``/``held``: each user's
+    quota and what their jobs hold (rule 6; empty: no quotas)."""
 
-    def __init__(self, ordered: list[JobRequest], free: dict[str, float]):
+    def __init__(self, ordered: list[JobRequest], free: dict[str, float],
+                 quotas: Mapping[str, Resources] | None = None, held: dict[str, dict[str, float]] | None = None):  # fmt: skip
         self.ordered = ordered
         self.free = free
+        self.quotas = quotas or {}
+        self.held = held if held is not None else {}
         self.reserved: dict[str, tuple[int, int]] = {}  # kind -> (position, job id) of the first lacking it
         self.position = 0
         self.starts: list[Start] = []
@@ -224,10 +279,26 @@ class _Scan:
         self.requests = list(map(operator.attrgetter("min_request"), ordered))
         self.shapes = {kinds for kinds in map(operator.attrgetter("kinds"), ordered) if kinds}
 
+    def over_quota(self, job: JobRequest, request: Resources) -> Pending | None:
+        """Why ``job`` waits for its user's quota (rule 6), or None (no quota, or within it)."""
+        limit = self.quotas.get(job.user)
+        if limit is None:
+            return None
+        held = self.held.get(job.user, {})
+        over = [k for k, v in request.items() if k in limit and held.get(k, 0.0) + v > limit[k] + _EPS]
+        if not over:
+            return None
+        return Pending(job.job_id, None, "quota", need={k: request[k] for k in over},
+                       free={k: max(0.0, limit[k] - held.get(k, 0.0)) for k in over},
+                       limit={k: float(limit[k]) for k in over})  # fmt: skip
+
     def first_lacking(self, i: int) -> int | None:
-        """The first job from index ``i`` on that is not held and lacks resources (read-only)."""
+        """The first job from index ``i`` on that is not held, is within its quota and lacks
+        resources (read-only)."""
         for job in self.ordered[i:]:
             if not job.held and _lacking(job.min_request, self.free):
+                if self.quotas and self.over_quota(job, job.min_request) is not None:
+                    continue
                 return job.job_id
         return None
 
@@ -236,7 +307,7 @@ class _Scan:
         return all(any(k in reserved or free.get(k, 0.0) <= _EPS for k in shape) for shape in self.shapes)
 
     def run(self, i: int, *, stop_when_saturated: bool) -> int:
-        ordered, free, reserved = self.ordered, self.free, self.reserved
+        ordered, free, reserved, quotas = self.ordered, self.free, self.reserved, self.quotas
         n = len(ordered)
         while i < n:
             job = ordered[i]
@@ -245,6 +316,10 @@ class _Scan:
                 self.pending.append(Pending(job.job_id, position=None, reason="held"))
                 continue
             request = job.min_request
+            if quotas and (over := self.over_quota(job, request)) is not None:
+                self.position += 1
+                self.pending.append(dataclasses.replace(over, position=self.position))
+                continue
             lacking = [k for k, v in request.items() if v > free.get(k, 0.0) + _EPS]
             if lacking:
                 self.position += 1
@@ -267,25 +342,48 @@ class _Scan:
                 self.pending.append(Pending(job.job_id, self.position, "reserved", behind=blocked_by[1]))
                 continue
             workers = job.min_workers
-            while workers < job.upper_workers and not _lacking(job.request(workers + 1), free):
+            while workers < job.upper_workers and not _lacking(job.request(workers + 1), free) and not (
+                quotas and self.over_quota(job, job.request(workers + 1))
+            ):
                 workers += 1
             grant = job.request(workers)
             for k, v in grant.items():
                 free[k] = free.get(k, 0.0) - v
+            if quotas:
+                add(self.held.setdefault(job.user, {}), grant)
             self.starts.append(Start(job.job_id, workers, grant))
             if stop_when_saturated and grant and self.saturated():
                 return i
         return n
 
 
-def decide(queue: Sequence[JobRequest], running: Sequence[Resources], capacity: Resources) -> Decision:
-    """Which of ``queue`` start now, given the grants of the ``running`` jobs and the ``capacity``;
-    the others with their reasons, in queue order (see the module docstring for the rule)."""
-    ordered = _order(queue)
-    scan = _Scan(ordered, free_resources(capacity, running))
+def _order(queue: Iterable[JobRequest], team: Team | None = None, capacity: Resources | None = None) -> list[JobRequest]:
+    """Rule 1 (priority, then submission order), with rule 7 (fair share) given a ``team``. Two
+    stable sorts on plain attributes (submission, then priority: the fastest way to sort by both),
+    and no key cached on the job (each attribute more makes every job's dict, and the sorts, slower)."""
+    ordered = sorted(sorted(queue, key=operator.attrgetter("seq")), key=operator.attrgetter("priority"), reverse=True)
+    if team is None or not team.fair_share or capacity is None:
+        return ordered
+    return fair_order(ordered, team, capacity)
+
+
+def decide(queue: Sequence[JobRequest], running: Sequence[Resources | RunningJob], capacity: Resources,
+           team: Team | None = None) -> Decision:  # fmt: skip
+    """Which of ``queue`` start now, given the ``running`` jobs (their grants, or :class:`RunningJob`
+    with who holds them) and the ``capacity``; the others with their reasons, in queue order; with a
+    ``team``, quotas, fair share and preemption too (see the module docstring for the rules)."""
+    grants = [r.grant if isinstance(r, RunningJob) else r for r in running]
+    held: dict[str, dict[str, float]] = {}
+    if team is not None and team.quotas:
+        for r in running:
+            if isinstance(r, RunningJob):
+                add(held.setdefault(r.user, {}), r.grant)
+    ordered = _order(queue, team, capacity)
+    scan = _Scan(ordered, free_resources(capacity, grants), team.quotas if team is not None else None, held)
     resume = scan.run(0, stop_when_saturated=True)
     if resume >= len(ordered):
-        return Decision(scan.starts, scan.pending, reserved=set(scan.reserved), blocked=scan.blocked)
+        return Decision(scan.starts, scan.pending, reserved=set(scan.reserved), blocked=scan.blocked,
+                        preempt=_preempt(scan, scan.blocked, running, team))  # fmt: skip
     # Saturated: every kind with anything free is reserved, so a later job can start only if it
     # asks for nothing at all. Start those now; the others' reasons are worked out when asked for.
     starts = list(scan.starts)
@@ -302,4 +400,15 @@ def decide(queue: Sequence[JobRequest], running: Sequence[Resources], capacity: 
         scan.run(resume, stop_when_saturated=False)
         return scan.pending[done:]
 
-    return Decision(starts, list(scan.pending), rest, reserved=set(scan.reserved), blocked=blocked)
+    return Decision(starts, list(scan.pending), rest, reserved=set(scan.reserved), blocked=blocked,
+                    preempt=_preempt(scan, blocked, running, team))  # fmt: skip
+
+
+def _preempt(scan: _Scan, blocked: int | None, running: Sequence[Resources | RunningJob], team: Team | None) -> list[int]:
+    if team is None or not team.preemption or blocked is None:
+        return []
+    jobs = [r for r in running if isinstance(r, RunningJob)]
+    if not any(r.preemptible for r in jobs):
+        return []
+    job = next(j for j in scan.ordered if j.job_id == blocked)
+    return victims(job, scan.free, jobs, team)

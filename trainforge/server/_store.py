@@ -4,7 +4,7 @@ One database file (``<state_dir>/state.db``), WAL mode with ``synchronous=NORMAL
 a crash of the server; only a power loss can roll back the last ones), ``busy_timeout`` 5 s. Every
 write goes through **one** connection behind a lock (one writer, as SQLite wants: concurrent
 writers on separate connections are what gives "database is locked" under bursts); reads borrow one
-of at most ``READERS`` connections (:class:`_ReaderPool`), which WAL lets run beside the writer. A
+of at most ``READERS`` connections (:class:`~trainforge.server._reader_pool.ReaderPool`), which WAL lets run beside the writer. A
 read holds its connection only while SQLite steps through the rows: however many threads read (the
 HTTP server's thread pool, SSE streams, the scheduler), the store never has more than ``READERS + 1``
 connections (and open files) to the database.
@@ -18,29 +18,20 @@ serves anything.
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import dataclasses
 import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-QUEUED = "QUEUED"
-HELD = "HELD"
-STARTING = "STARTING"
-RUNNING = "RUNNING"
-STOPPING = "STOPPING"
-SUCCEEDED = "SUCCEEDED"
-FAILED = "FAILED"
-STOPPED = "STOPPED"
-LOST = "LOST"
-
-WAITING_STATES = (QUEUED, HELD)
-ACTIVE_STATES = (STARTING, RUNNING, STOPPING)  # a runner holds a grant
-TERMINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
-ALL_STATES = (QUEUED, HELD, STARTING, RUNNING, STOPPING, SUCCEEDED, FAILED, STOPPED, LOST)
+from trainforge._internal.job_events import EventType
+from trainforge.server._experiment_tables import EXPERIMENT_TABLES
+from trainforge.server._reader_pool import ReaderPool as _ReaderPool
+from trainforge.server._state import JobState
+from trainforge.server._team_tables import TEAM_TABLES
 
 # Reader connections at most. Each row SQLite steps through releases and retakes the GIL, so readers
 # at once mostly wait on each other for it: on 2 cores, 20 threads reading 50 jobs at once, each on a
@@ -48,7 +39,6 @@ ALL_STATES = (QUEUED, HELD, STARTING, RUNNING, STOPPING, SUCCEEDED, FAILED, STOP
 # 7/8, but then one long read holds up every other). bench/bench_server.py --parts load: the server.
 READERS = 2
 
-_SCHEMA_VERSION = 2
 _MIGRATIONS = {
     1: """
     CREATE TABLE jobs (
@@ -90,7 +80,10 @@ _MIGRATIONS = {
     # What a submission asked for (a digest of its spec, name, priority, hold, retries and trainer), so a
     # retried submission_id is recognised, and one reused for another job refused.
     2: "ALTER TABLE jobs ADD COLUMN submission_digest TEXT",
+    3: EXPERIMENT_TABLES,  # Tune experiments, their trials and decisions (trainforge.server._experiment_tables)
+    4: TEAM_TABLES,  # users, jobs' owners, audit, fair-share usage, preemption (trainforge.server._team_tables)
 }
+_SCHEMA_VERSION = max(_MIGRATIONS)  # the newest migration: each adds its own key
 
 
 @dataclasses.dataclass
@@ -99,7 +92,7 @@ class JobRow:
     name: str
     submission_id: str | None
     kind: str
-    state: str
+    state: JobState
     priority: int
     spec: dict[str, Any]
     submitted_at: float
@@ -120,11 +113,24 @@ class JobRow:
     last_metrics: dict[str, Any] | None
     reports: int
     submission_digest: str | None = None
+    owner: str = "admin"  # who submitted it (the state directory's token is the user "admin")
+    preemptible: bool = False
+    preempted_at: float | None = None  # when it was last asked to give its resources back
+    preemptions: int = 0
+
+    @property
+    def preempting(self) -> bool:
+        """Asked to stop for a higher-priority job: it is requeued once its runner has ended."""
+        return self.state == JobState.STOPPING and self.preempted_at is not None and (
+            self.started_at is None or self.preempted_at >= self.started_at
+        )
 
     @classmethod
     def from_sql(cls, row: sqlite3.Row) -> JobRow:
         d = dict(row)
+        d["preemptible"] = bool(d.get("preemptible"))
         d["spec"] = json.loads(d["spec"])
+        d["state"] = JobState(d["state"])
         grant = d.pop("grant_json")
         d["grant"] = json.loads(grant) if grant else None
         d["gpu_ids"] = json.loads(d["gpu_ids"]) if d["gpu_ids"] else None
@@ -145,72 +151,8 @@ _JSON_COLUMNS = {"spec", "grant_json", "gpu_ids", "last_metrics"}
 _COLUMNS = {
     "name", "state", "priority", "started_at", "ended_at", "attempt", "max_retries", "grant_json", "workers",
     "gpu_ids", "pid", "pid_start_time", "run_path", "exit_code", "failure_class", "error", "events_offset",
-    "last_metrics", "reports", "spec",
+    "last_metrics", "reports", "spec", "preempted_at", "preemptions",
 }  # fmt: skip
-
-
-class _ReaderPool:
-    """At most ``size`` connections from ``connect``, opened when first needed, one lent per
-    :meth:`lend`; a thread that finds them all lent waits for one. After :meth:`close`, lending
-    raises and a connection given back is closed."""
-
-    def __init__(self, connect: Callable[[], sqlite3.Connection], size: int):
-        if size < 1:
-            raise ValueError(f"a reader pool needs at least 1 connection, not {size}")
-        self._connect = connect
-        self.size = size
-        self.opened = 0  # connections open now, lent or idle
-        self.peak = 0  # the most ever open at once
-        self._idle: list[sqlite3.Connection] = []
-        self._cond = threading.Condition()
-        self._closed = False
-
-    @contextlib.contextmanager
-    def lend(self) -> Iterator[sqlite3.Connection]:
-        conn = self._take()
-        try:
-            yield conn
-        finally:
-            self._give_back(conn)
-
-    def _take(self) -> sqlite3.Connection:
-        with self._cond:
-            while True:
-                if self._closed:
-                    raise sqlite3.ProgrammingError("Cannot operate on a closed database (the JobStore was closed).")
-                if self._idle:
-                    return self._idle.pop()
-                if self.opened < self.size:
-                    self.opened += 1  # this slot is ours: connect outside the lock
-                    self.peak = max(self.peak, self.opened)
-                    break
-                self._cond.wait()
-        try:
-            return self._connect()
-        except BaseException:
-            with self._cond:
-                self.opened -= 1
-                self._cond.notify()
-            raise
-
-    def _give_back(self, conn: sqlite3.Connection) -> None:
-        with self._cond:
-            if not self._closed:
-                self._idle.append(conn)
-                self._cond.notify()
-                return
-            self.opened -= 1
-        conn.close()
-
-    def close(self) -> None:
-        """Close the idle connections now, the lent ones when they come back; wake the waiters."""
-        with self._cond:
-            self._closed = True
-            idle, self._idle = self._idle, []
-            self.opened -= len(idle)
-            self._cond.notify_all()
-        for conn in idle:
-            conn.close()
 
 
 class JobStore:
@@ -223,9 +165,13 @@ class JobStore:
         self.readers = _ReaderPool(self._connect, readers)
         self._last_seq = 0
         self._txn_seq = 0  # the highest event seq of the transaction under way (under _write_lock)
+        self._txn_counts: list[tuple[tuple[str, str], int]] = []  # its changes of the counts, applied at commit
         self._writer = self._connect()
         self._migrate()
         self._last_seq = self._writer.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+        # Jobs by (owner, state), kept in memory (the operators' /metrics reads it at every scrape).
+        self._counts = collections.Counter({(r[0], r[1]): int(r[2]) for r in self._writer.execute(
+            "SELECT owner, state, COUNT(*) FROM jobs GROUP BY owner, state")})  # fmt: skip
 
     # -- connections ------------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -274,6 +220,7 @@ class JobStore:
         with self._write_lock:
             conn = self._writer
             self._txn_seq = 0
+            self._txn_counts = []
             conn.execute("BEGIN IMMEDIATE")
             try:
                 value = work(conn)
@@ -283,7 +230,22 @@ class JobStore:
                 raise
             if self._txn_seq:  # committed: readers may now be told about these events
                 self._last_seq = self._txn_seq
+            for key, n in self._txn_counts:
+                self._counts[key] += n
         return value
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """How many jobs each ``(owner, state)`` has now (in memory: no query)."""
+        with self._write_lock:
+            return {k: n for k, n in self._counts.items() if n}
+
+    def _count(self, conn: sqlite3.Connection, job_id: int, new_state: str | None) -> None:
+        """Inside a transaction, before the job's state changes to ``new_state`` (None: deleted)."""
+        row = conn.execute("SELECT owner, state FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is not None:
+            self._txn_counts.append(((row[0], row[1]), -1))
+            if new_state is not None:
+                self._txn_counts.append(((row[0], str(new_state)), 1))
 
     def _event(self, conn: sqlite3.Connection, job_id: int, type_: str, payload: dict[str, Any]) -> int:
         cur = conn.execute(
@@ -305,6 +267,8 @@ class JobStore:
         submission_id: str | None = None,
         digest: str | None = None,
         materialize: Callable[[int], None] | None = None,
+        owner: str = "admin",
+        preemptible: bool = False,
     ) -> tuple[JobRow, bool]:
         """Insert a job (QUEUED, or HELD) and its ``submitted`` event. With a ``submission_id`` that
         is already known, nothing is inserted: returns ``(that job, False)``. ``materialize(job_id)``
@@ -316,13 +280,15 @@ class JobStore:
                 row = conn.execute("SELECT id FROM jobs WHERE submission_id=?", (submission_id,)).fetchone()
                 if row is not None:
                     return int(row[0]), False
-            state = HELD if held else QUEUED
+            state = JobState.HELD if held else JobState.QUEUED
             cur = conn.execute(
                 "INSERT INTO jobs(name, submission_id, kind, state, priority, spec, submitted_at, max_retries, "
-                "submission_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (name, submission_id, kind, state, priority, json.dumps(spec), time.time(), max_retries, digest),
-            )
+                "submission_digest, owner, preemptible) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (name, submission_id, kind, state, priority, json.dumps(spec), time.time(), max_retries, digest, owner,
+                 int(preemptible)),
+            )  # fmt: skip
             job_id = int(cur.lastrowid or 0)
+            self._txn_counts.append(((owner, str(state)), 1))
             self._event(conn, job_id, "submitted", {"state": state, "name": name, "priority": priority})
             if materialize is not None:
                 materialize(job_id)
@@ -356,6 +322,8 @@ class JobStore:
         unknown = set(columns) - _COLUMNS
         if unknown:
             raise ValueError(f"JobStore.update: unknown field(s) {sorted(unknown)}")
+        if "state" in columns:
+            self._count(conn, job_id, columns["state"])
         if columns:
             values = [json.dumps(v) if k in _JSON_COLUMNS and v is not None else v for k, v in columns.items()]
             sets = ", ".join(f"{k}=?" for k in columns)
@@ -368,10 +336,24 @@ class JobStore:
 
     def delete(self, job_id: int) -> None:
         def work(conn: sqlite3.Connection) -> None:
+            self._count(conn, job_id, None)
             conn.execute("DELETE FROM jobs WHERE id=?", (job_id,))
             self._event(conn, job_id, "deleted", {})
 
         self._transaction(work)
+
+    # -- the other tables' readers and writers (e.g. trainforge.server._experiments) ---------------
+    def write(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
+        """``work(conn)`` in one write transaction on the one writer connection; its result."""
+        return self._transaction(work)
+
+    def add_event(self, conn: sqlite3.Connection, job_id: int, type_: str, payload: dict[str, Any]) -> int:
+        """Inside :meth:`write`'s ``work``: append an event of the job (``/events`` sends it once committed)."""
+        return self._event(conn, job_id, type_, payload)
+
+    def query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        """The rows of one read query, on a reader connection."""
+        return self._read(sql, args)
 
     # -- reads ------------------------------------------------------------------------------------
     def get(self, job_id: int) -> JobRow | None:
@@ -428,8 +410,8 @@ class JobStore:
         marks = ",".join("?" * len(paths))
         sql = (f"SELECT run_path AS path, id FROM jobs WHERE run_path IN ({marks}) UNION "
                f"SELECT json_extract(payload, '$.run_path') AS path, job_id AS id FROM events "
-               f"WHERE type = 'run_start' AND json_extract(payload, '$.run_path') IN ({marks}) ORDER BY id")  # fmt: skip
-        newest = {r["path"]: r["id"] for r in self._read(sql, [*paths, *paths])}
+               f"WHERE type = ? AND json_extract(payload, '$.run_path') IN ({marks}) ORDER BY id")  # fmt: skip
+        newest = {r["path"]: r["id"] for r in self._read(sql, [*paths, EventType.RUN_START.value, *paths])}
         jobs = {i: job for i in set(newest.values()) if (job := self.get(i)) is not None}
         return {path: jobs[i] for path, i in newest.items() if i in jobs}
 
@@ -441,12 +423,20 @@ class JobStore:
         """Every job's id."""
         return {int(r[0]) for r in self._read("SELECT id FROM jobs")}
 
-    def count(self, states: Sequence[str] | None = None) -> int:
-        sql = "SELECT COUNT(*) FROM jobs"
+    def count(self, states: Sequence[str] | None = None, *, before: int | None = None, name: str | None = None) -> int:
+        """How many jobs :meth:`jobs` with these filters would list without a limit."""
+        where: list[str] = []
         args: list[Any] = []
         if states:
-            sql += f" WHERE state IN ({','.join('?' * len(states))})"
+            where.append(f"state IN ({','.join('?' * len(states))})")
             args.extend(states)
+        if before is not None:
+            where.append("id < ?")
+            args.append(before)
+        if name:
+            where.append("instr(name, ?) > 0")
+            args.append(name)
+        sql = "SELECT COUNT(*) FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
         return int(self._read(sql, args)[0][0])
 
     @property

@@ -1,8 +1,8 @@
 """What each running job actually uses: CPU, memory and, with an NVIDIA GPU, GPU memory and
 utilisation, per process, sampled every second.
 
-A job's processes are found as ``stop`` finds them (their environment names the job; see
-``_service.find_job_processes``), in one scan of the machine's processes every few seconds; between
+A job's processes are found as ``stop`` finds them (their environment names the job; the sampler
+is given the finder, ``_processes.find_job_processes``), in one scan of the machine's processes every few seconds; between
 scans the known processes are sampled with psutil (``cpu_percent`` since the previous sample, RSS).
 GPU numbers come from NVML (``nvidia-ml-py``, in the ``[server]`` extra) per process id, so a GPU
 shared by two jobs is split by what each job's processes hold; without a GPU or NVML the reading
@@ -15,14 +15,10 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import psutil
-
-from trainforge.server._service import find_job_processes
-
-if TYPE_CHECKING:
-    from trainforge.server._service import JobService
 
 INTERVAL_S = 1.0
 RESCAN_S = 5.0
@@ -69,8 +65,13 @@ class _Gpus:
 
 
 class UsageSampler:
-    def __init__(self, service: JobService):
-        self.service = service
+    """Samples the jobs that ``active_jobs()`` names, whose processes ``find_processes(job_ids)``
+    finds (job id -> its live processes)."""
+
+    def __init__(self, active_jobs: Callable[[], list[int]],
+                 find_processes: Callable[[list[int]], dict[int, list[psutil.Process]]]):  # fmt: skip
+        self._active_jobs = active_jobs
+        self._find_processes = find_processes
         self._lock = threading.Lock()
         self._procs: dict[int, dict[int, tuple[psutil.Process, str]]] = {}  # job -> pid -> (process, role)
         self._latest: dict[int, dict[str, Any]] = {}
@@ -99,7 +100,7 @@ class UsageSampler:
 
     def _scan(self, active: set[int]) -> None:
         found: dict[int, dict[int, tuple[psutil.Process, str]]] = {}
-        for job_id, procs in find_job_processes(self.service.server_id, sorted(active)).items():
+        for job_id, procs in self._find_processes(sorted(active)).items():
             known = self._procs.get(job_id, {})
             found[job_id] = {}
             for proc in procs:
@@ -116,7 +117,7 @@ class UsageSampler:
         self._scanned = time.monotonic()
 
     def sample(self) -> None:
-        active = set(self.service.active_jobs())
+        active = set(self._active_jobs())
         if not active and not self._procs:
             return  # nothing runs: no scan of the machine's processes
         now = time.monotonic()

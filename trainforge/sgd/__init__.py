@@ -8,7 +8,7 @@ same managed loop inside an ordinary ``trainforge.torch.TorchTrainer`` run. Impo
 import torch.
 """
 
-from trainforge._internal.managed.operator import TrainingOperator
-from trainforge._internal.managed.sgd import TorchTrainer
+from trainforge.sgd._operator import TrainingOperator
+from trainforge.sgd._trainer import TorchTrainer
 
 __all__ = ["TorchTrainer", "TrainingOperator"]

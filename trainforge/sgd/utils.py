@@ -1,7 +1,7 @@
 """RaySGD's utilities: ``from trainforge.sgd.utils import BATCH_SIZE`` in place of RaySGD's ``utils``
 module. ``config[BATCH_SIZE]`` ("batch_size") is the global batch size, divided among the workers."""
 
-from trainforge._internal.managed.config import BATCH_COUNT, BATCH_SIZE, NUM_SAMPLES
-from trainforge._internal.managed.meters import AverageMeter, AverageMeterCollection
+from trainforge.model import BATCH_COUNT, BATCH_SIZE, NUM_SAMPLES
+from trainforge.sgd._meters import AverageMeter, AverageMeterCollection
 
 __all__ = ["AverageMeter", "AverageMeterCollection", "BATCH_COUNT", "BATCH_SIZE", "NUM_SAMPLES"]

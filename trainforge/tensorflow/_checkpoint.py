@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from trainforge._internal.checkpoint import Checkpoint
+from trainforge import Checkpoint
 from trainforge.tensorflow._env import import_tf_keras
 
 

@@ -13,8 +13,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from trainforge._internal.backend import Backend, BackendConfig
 from trainforge._internal.constants import ENV_RANK
+from trainforge.backend import Backend, BackendConfig
 from trainforge.tensorflow._env import ENV_TF_CONFIG, prepare_worker
 
 
@@ -97,9 +97,9 @@ def _host_and_free_port() -> tuple[str, str, int]:
     """This worker's hostname, an address other hosts can reach it at, and a port free now. The port
     is closed again: TensorFlow's server binds it when the strategy is created (a port taken in
     between fails that attempt, and the next attempt finds new ones)."""
-    from trainforge._internal.torch.config import _free_port, _node_ip  # plain sockets; no torch
+    from trainforge._internal.network import free_port, node_ip
 
-    return socket.gethostname(), _node_ip(), _free_port()
+    return socket.gethostname(), node_ip(), free_port()
 
 
 def _set_tf_config(addresses: list[str]) -> None:

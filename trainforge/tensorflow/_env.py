@@ -112,8 +112,7 @@ def preload() -> None:
     trainforge worker (a warm fork server learning what its children import must not load
     TensorFlow: they fork from it) and nothing when the install is incomplete (``prepare_worker``
     then says what to install). Never raises: a worker must start either way."""
-    from trainforge._internal.constants import ENV_RANK
-    from trainforge._internal.worker_main import ENV_DRIVER_ADDR
+    from trainforge._internal.constants import ENV_DRIVER_ADDR, ENV_RANK
 
     if ENV_DRIVER_ADDR not in os.environ and ENV_RANK not in os.environ:
         return

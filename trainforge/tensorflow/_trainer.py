@@ -6,7 +6,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from trainforge._internal.trainer import DataParallelTrainer
+from trainforge import DataParallelTrainer
+from trainforge._internal.backend import config_or_default
 from trainforge.tensorflow._config import TensorflowConfig
 from trainforge.tensorflow._env import check_installed, prepare_worker
 
@@ -59,13 +60,8 @@ class TensorflowTrainer(DataParallelTrainer):
         resume_from_checkpoint: Any = None,
         worker_init_fn: Callable[[], Any] | None = None,
     ):
-        if tensorflow_config is None:
-            tensorflow_config = TensorflowConfig()
-        elif not isinstance(tensorflow_config, TensorflowConfig):
-            raise TypeError(
-                f"TensorflowTrainer(tensorflow_config={tensorflow_config!r}) must be a "
-                f"trainforge.tensorflow.TensorflowConfig, got {type(tensorflow_config).__name__}."
-            )
+        tensorflow_config = config_or_default(tensorflow_config, TensorflowConfig, "TensorflowTrainer",
+                                              "tensorflow_config", "trainforge.tensorflow.TensorflowConfig")  # fmt: skip
         if worker_init_fn is not None and not callable(worker_init_fn):
             raise TypeError(f"worker_init_fn={worker_init_fn!r} must be a function taking no arguments.")
         check_installed("TensorflowTrainer")

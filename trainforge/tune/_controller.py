@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import math
 import queue
 import threading
 import time
@@ -23,6 +24,7 @@ from trainforge import Checkpoint
 from trainforge import RunConfig as TrainRunConfig
 from trainforge.tune._context import TUNE_KEY
 from trainforge.tune._experiment import ERROR, PENDING, RUNNING, TERMINATED, ExperimentStore, Trial
+from trainforge.tune._experiment_info import experiment_info, experiment_tag
 from trainforge.tune._server import ServerRun
 from trainforge.tune._trainable import is_trainer, make_trial_trainer, trial_resources
 from trainforge.tune._variants import merge_config
@@ -76,6 +78,9 @@ class TuneController:
         self.stop_all = False
         self.threads: dict[str, threading.Thread] = {}
         self.server = server  # a train server's client: each trial is a job there (None: a local fit_iter())
+        # What the experiment is (saved with it; each trial job carries it, for the server's Experiments pages).
+        self.info = experiment_info(searcher=searcher, scheduler=scheduler, metric=metric, mode=mode,
+                                    param_space=self.param_space, trainable=trainable)  # fmt: skip
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> list[Trial]:
@@ -191,7 +196,9 @@ class TuneController:
             if self.server is None:
                 trial.run = trainer.fit_iter()
             else:  # a job of the train server, named for its dashboard
-                trial.run = ServerRun(self.server, trainer, name=f"{self.experiment_name}/{trial.name}")
+                tag = experiment_tag(self.info, path=self.store.path, name=self.experiment_name,
+                                     tune_id=self.experiment_id, trial_id=trial.trial_id)  # fmt: skip
+                trial.run = ServerRun(self.server, trainer, name=f"{self.experiment_name}/{trial.name}", experiment=tag)
         except Exception as exc:  # a bad config for this trial: it errors, the others go on
             self._release(trial)
             self._fail(trial, exc)
@@ -235,7 +242,7 @@ class TuneController:
             trial.checkpoint = report.checkpoint.path
             self.scheduler.on_trial_checkpoint(trial.trial_id)
         if self.metric is not None and lookup(result, self.metric) is None:
-            self._stop(trial, error=ValueError(
+            self._stop(trial, decision={"kind": "error"}, error=ValueError(
                 f"trial {trial.name} reported {sorted(report.metrics)} without the metric {self.metric!r} "
                 f"that TuneConfig(metric=...) (or the searcher/scheduler) names: report it in every result, "
                 "or fix the name"))  # fmt: skip
@@ -243,30 +250,49 @@ class TuneController:
         decision = self.scheduler.on_trial_result(trial.trial_id, result)
         self.searcher.on_trial_result(trial.trial_id, result)
         stop = self.stopper is not None and self.stopper(trial.trial_id, result)
+        rule = type(self.scheduler).__name__
         if isinstance(decision, Exploit):
             source = next((t for t in self.trials if t.trial_id == decision.source_trial_id), None)
             if source is not None and source.checkpoint:
                 trial.exploit = (source.checkpoint, decision.config)
-                self._stop(trial, reason="exploit")
+                self._stop(trial, reason="exploit", decision={"kind": "exploit", "rule": rule,
+                                                              "source_trial": decision.source_trial_id})  # fmt: skip
         elif decision == TrialScheduler.STOP:
-            trial.last_result = {**result, PRUNED_RESULT_KEY: True}
-            self._stop(trial, reason="scheduler")
+            why = {"kind": "pruned", "rule": rule, **self.scheduler.explain(trial.trial_id)}
+            if why["kind"] == "pruned":  # not a trial that used up its max_t: that one completed
+                trial.last_result = {**result, PRUNED_RESULT_KEY: True}
+            self._stop(trial, reason="scheduler", decision=why)
         elif stop:
-            self._stop(trial, reason="stop criteria")
+            self._stop(trial, reason="stop criteria", decision={"kind": "stopper"})
 
-    def _stop(self, trial: Trial, *, reason: str = "", error: BaseException | None = None) -> None:
+    def _stop(self, trial: Trial, *, reason: str = "", decision: dict[str, Any] | None = None,
+              error: BaseException | None = None) -> None:  # fmt: skip
+        """Stop the trial's run; ``decision``: why (a :class:`~trainforge.server._experiment_schemas.DecisionIn`'s
+        fields: its kind, who decided, where), recorded with the iteration and metric it was taken at
+        (in the experiment's snapshot; a train server's trial job gets it too)."""
         trial.stopping = True
         trial.stop_reason = reason or None
         if error is not None:
             trial.error = _error_text(error)
-        if trial.run is not None:
+        recorded = None
+        if decision is not None:
+            last = trial.last_result or {}
+            it, value = last.get("training_iteration"), lookup(last, self.metric) if self.metric else None
+            recorded = {**decision, "t": time.time()}
+            recorded.update({k: v for k, v in (("iteration", it), ("value", value)) if isinstance(v, (int, float))
+                             and not isinstance(v, bool) and math.isfinite(v)})  # fmt: skip
+            trial.decisions.append(recorded)
+        if isinstance(trial.run, ServerRun):
+            trial.run.stop(decision=recorded)
+        elif trial.run is not None:
             trial.run.stop()
 
     def _stop_everything(self, reason: str) -> None:
         self.stop_all = True
+        kind = {"time budget": "budget", "stop criteria": "stopper", INTERRUPTED: "interrupted"}.get(reason, "budget")
         for trial in self._running():
             if not trial.stopping:
-                self._stop(trial, reason=reason)
+                self._stop(trial, reason=reason, decision={"kind": kind})
 
     def _on_end(self, trial: Trial, result: Any, exc: BaseException | None) -> None:
         self._release(trial)
@@ -332,7 +358,7 @@ class TuneController:
         self.store.save_state({
             "experiment_name": self.experiment_name, "experiment_id": self.experiment_id,
             "trials": trials, "searcher": self.searcher.get_state(), "scheduler": self.scheduler.get_state(),
-            "searcher_done": self.searcher_done,
+            "searcher_done": self.searcher_done, "info": self.info,
         })  # fmt: skip
 
 

@@ -35,6 +35,7 @@ class Trial:
     run_index: int = 0  # PBT: each exploit continues in a new run directory
     resume_from: str | None = None  # a checkpoint the next run starts from (PBT exploit)
     stop_reason: str | None = None
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # why the tuner stopped its runs (kind, iteration, ...)
     # Not saved: live state of a running trial.
     history: list[dict[str, Any]] = field(default_factory=list, repr=False)
     run: Any = field(default=None, repr=False)
@@ -49,7 +50,7 @@ class Trial:
 
     def to_json(self) -> dict[str, Any]:
         keys = ("trial_id", "config", "name", "dirname", "status", "last_result", "error", "checkpoint",
-                "time_offset", "run_index", "resume_from", "stop_reason")  # fmt: skip
+                "time_offset", "run_index", "resume_from", "stop_reason", "decisions")  # fmt: skip
         return {k: _jsonable(getattr(self, k)) for k in keys}
 
     @classmethod

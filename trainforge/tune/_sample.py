@@ -345,9 +345,9 @@ class Function(Domain):
     def sample(self, rng: random.Random, spec: Any = None) -> Any:
         """Call the function (``spec`` defaults to one with an empty config); ``rng`` is unused."""
         if spec is None:
-            from trainforge.tune._variants import spec_view
+            from trainforge.tune._spec import spec_view
 
-            spec = spec_view({})
+            spec = spec_view({}, unresolved=lambda value: isinstance(value, Function))
         return self.call(spec)
 
     def is_valid(self, value: Any) -> bool:

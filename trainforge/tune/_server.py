@@ -13,7 +13,6 @@ callbacks of the ``RunConfig`` run there too, not in the tuner's process.
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 import threading
@@ -23,7 +22,7 @@ from typing import Any
 
 from trainforge import Result
 from trainforge._internal.constants import ENV_JOB_ID
-from trainforge.server._client import (
+from trainforge.server import (
     Client,
     Job,
     JobConflictError,
@@ -31,10 +30,12 @@ from trainforge.server._client import (
     JobStatus,
     ServerError,
     ServerNotFoundError,
-    _trainer_spec,
-    discover,
 )
 from trainforge.server._config import ENV_ADDRESS
+from trainforge.server._discovery import discover
+from trainforge.server._state import JobState
+from trainforge.server._trainer_job import fetch_result, trainer_job
+from trainforge.tune._experiment_info import decision_body
 
 logger = logging.getLogger("trainforge.tune")
 
@@ -49,7 +50,7 @@ def connect(setting: str | bool | None, *, announce: bool = False) -> Client | N
     (ServerNotFoundError, ServerError otherwise). None: in a process of a server's job (a tuner
     submitted as a job) None, so trials stay within the job's grant; else the server
     ``$TRAINFORGE_ADDRESS`` names (which must answer), else the one that
-    :func:`~trainforge.server._client.discover` finds (its state directory's ``address`` file) if it
+    :func:`~trainforge.server._discovery.discover` finds (its state directory's ``address`` file) if it
     answers, else None. Never starts a server.
     """
     if setting is False or (setting is None and os.environ.get(ENV_JOB_ID)):
@@ -105,21 +106,15 @@ class ServerRun:
     for good raises :class:`TrialLostError` from the iteration.
     """
 
-    def __init__(self, client: Client, trainer: Any, *, name: str, grace_s: float | None = None):
-        import cloudpickle
-
-        try:
-            blob = cloudpickle.dumps(trainer)
-        except Exception as exc:
-            raise TypeError(
-                f"trial {name}: its trainer cannot be sent to the train server at {client.address} because it "
-                f"does not pickle ({type(exc).__name__}: {exc}): the trainable, its config and with_parameters "
-                "objects must pickle (create open files, locks and connections inside the trainable), or pass "
-                "TuneConfig(server=False) to run trials on this machine."
-            ) from exc
-        spec = _trainer_spec(trainer)  # with the train loop's config, flattened: the dashboard groups by it
-        spec.update(trainer_b64=base64.b64encode(blob).decode(), name=_job_name(name),
-                    submission_id=uuid.uuid4().hex)  # fmt: skip
+    def __init__(self, client: Client, trainer: Any, *, name: str, grace_s: float | None = None,
+                 experiment: dict[str, Any] | None = None):  # fmt: skip
+        tagged = {"experiment": experiment} if experiment is not None else {}  # the server's Experiments pages
+        spec = trainer_job(  # with the train loop's config, flattened: the dashboard groups by it
+            trainer, name=_job_name(name), submission_id=uuid.uuid4().hex, **tagged,
+            cannot_send=f"trial {name}: its trainer cannot be sent to the train server at {client.address}",
+            fix=": the trainable, its config and with_parameters objects must pickle (create open files, locks and "
+            "connections inside the trainable), or pass TuneConfig(server=False) to run trials on this machine.",
+        )  # fmt: skip
         self.client = client
         self.name = name
         self.grace_s = grace_s
@@ -151,15 +146,24 @@ class ServerRun:
                 "the tuner again (or Tuner.restore) to continue the experiment."
             ) from exc
 
-    def stop(self) -> None:
-        """Ask the server to stop the job; returns at once (a thread waits for the server)."""
+    def stop(self, decision: dict[str, Any] | None = None) -> None:
+        """Ask the server to stop the job; returns at once (a thread waits for the server).
+        ``decision``: why (the tuner's decision: kind, iteration, ...), sent first: the server records
+        it and ends the trial's reports where it was taken, though the job runs on until the stop
+        reaches it."""
         with self._lock:
             if self._stopper is not None:
                 return
-            self._stopper = threading.Thread(target=self._stop, daemon=True, name=f"tune-stop-job{self.job.id}")
+            self._stopper = threading.Thread(target=self._stop, args=(decision,), daemon=True,
+                                             name=f"tune-stop-job{self.job.id}")  # fmt: skip
         self._stopper.start()
 
-    def _stop(self) -> None:
+    def _stop(self, decision: dict[str, Any] | None) -> None:
+        if decision is not None:
+            try:
+                self.client.request("POST", f"/jobs/{self.job.id}/decisions", json=decision_body(decision))
+            except (ServerError, ServerNotFoundError) as exc:  # an older server (404), or one gone: the stop matters more
+                logger.debug("tune: job %s: the server did not take the decision %s: %s", self.job.id, decision, exc)
         try:
             self.job.stop(grace_s=self.grace_s)
         except JobConflictError:
@@ -168,23 +172,19 @@ class ServerRun:
             logger.warning("tune: could not stop job %s of trial %s: %s", self.job.id, self.name, exc)
 
     def _final(self, status: JobStatus) -> Result:
-        import cloudpickle
-
         try:
-            blob = self.client.request("GET", f"/jobs/{self.job.id}/result")
+            return fetch_result(self.client, self.job.id)
         except JobNotFoundError:  # it ended before its run returned (stopped, lost, or its code failed outside fit)
-            blob = None
-        if blob is not None:
-            try:
-                result: Result = cloudpickle.loads(blob)
-                return result
-            except Exception as exc:  # noqa: BLE001 - e.g. an error class this process cannot import
-                return self._so_far(status, RuntimeError(
-                    f"job {self.job.id} {status.state}; its Result does not unpickle here "
-                    f"({type(exc).__name__}: {exc}): see `trainforge logs {self.job.id}`"))  # fmt: skip
-        if status.state == "STOPPED" and self._stopper is not None:
+            pass
+        except (ServerError, ServerNotFoundError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - it does not unpickle here, e.g. an error class this process lacks
+            return self._so_far(status, RuntimeError(
+                f"job {self.job.id} {status.state}; its Result does not unpickle here "
+                f"({type(exc).__name__}: {exc}): see `trainforge logs {self.job.id}`"))  # fmt: skip
+        if status.state == JobState.STOPPED and self._stopper is not None:
             return self._so_far(status, None)  # the tuner stopped it: the run so far, as a local stop()
-        if status.state == "STOPPED":
+        if status.state == JobState.STOPPED:
             return self._so_far(status, RuntimeError(
                 f"job {self.job.id} was stopped on the train server at {self.client.address} (its dashboard "
                 "or `trainforge stop`), not by the tuner; Tuner.restore(..., resume_errored=True) continues "

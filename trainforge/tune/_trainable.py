@@ -2,8 +2,9 @@
 
 - a function ``f(config)`` (or ``async def``) that calls ``tune.report``: the trial is a run of one
   worker process executing it (its resources: ``with_resources``, default 1 CPU);
-- a ``trainforge.model.Model`` subclass: as ``ModelTrainer(MyModel)`` (below), searching
-  ``MyModel.hyperparameter_space()`` when no ``param_space`` is given;
+- a model class of any framework (``trainforge.model.Model``, ``XGBoostModel``, ...) or a registered
+  definition (``"models:/name"``): as ``ModelTrainer(MyModel, data=...)`` (below), searching its
+  ``hyperparameter_space()`` (a definition's stored space) when no ``param_space`` is given;
 - a trainer (``DataParallelTrainer``, ``TorchTrainer``, ...): the trial is that trainer's run with
   ``param_space["train_loop_config"]`` deep-merged into its config and ``["scaling_config"]`` in place
   of its own; rank 0's reports are the trial's results.
@@ -89,22 +90,24 @@ def with_resources(trainable: Any, resources: dict[str, float] | Any) -> Any:
     return target
 
 
-def as_model_trainer(trainable: Any, param_space: dict[str, Any] | None) -> tuple[Any, dict[str, Any] | None]:
-    """``Tuner(MyModel)``: a ``trainforge.model.Model`` subclass is trained by a default
-    ``ModelTrainer(MyModel)``; a ModelTrainer given no ``param_space`` searches its model's
-    ``hyperparameter_space()`` (the model's config, i.e. ``{"train_loop_config": space}``)."""
-    from trainforge.model import Model, ModelTrainer
+def as_model_trainer(trainable: Any, param_space: dict[str, Any] | None,
+                     data: Any = None) -> tuple[Any, dict[str, Any] | None]:  # fmt: skip
+    """``Tuner(MyModel)`` / ``Tuner("models:/name")``: a model class of any framework (or a registered
+    definition) is trained by a default ``ModelTrainer(MyModel, data=data)``; a managed trainer given
+    no ``param_space`` searches its definition's space (``hyperparameter_space()``, or the space
+    stored with a registered definition) over the model's config (``{"train_loop_config": space}``)."""
+    from trainforge.model import ModelTrainer, is_managed, is_model_class
 
-    if inspect.isclass(trainable) and issubclass(trainable, Model):
-        trainable = ModelTrainer(trainable)
-    if param_space is None and isinstance(trainable, ModelTrainer):
-        space = trainable.model_cls.hyperparameter_space()
+    if is_model_class(trainable) or (isinstance(trainable, str) and trainable.startswith("models:/")) or (
+        isinstance(getattr(trainable, "uri", None), str) and not is_trainer(trainable)
+    ):
+        trainable = ModelTrainer(trainable, data=data)
+    elif data is not None:
+        raise ValueError("Tuner(data=...) is for a model class or a model reference; give a trainer its data itself "
+                         "(ModelTrainer(MyModel, data=MyData))")  # fmt: skip
+    if param_space is None and is_managed(trainable):
+        space = trainable.hyperparameter_space()
         if space is not None:
-            if not isinstance(space, dict):
-                raise ValueError(
-                    f"{trainable.model_cls.__qualname__}.hyperparameter_space() returned {space!r}: return a dict "
-                    "of config keys to search spaces (e.g. {'lr': tune.loguniform(1e-4, 1e-1)}) or None."
-                )
             param_space = {"train_loop_config": dict(space)}
     return trainable, param_space
 

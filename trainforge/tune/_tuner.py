@@ -44,8 +44,9 @@ class Tuner:
 
     ``trainable``: a function ``f(config)`` (or ``async def``) calling ``tune.report``, or a trainer
     (``param_space={"train_loop_config": {...}, "scaling_config": ScalingConfig(...)}``), or a
-    ``trainforge.model.Model`` subclass (trained by ``ModelTrainer(MyModel)``; without
-    ``param_space``, ``MyModel.hyperparameter_space()`` is the search space of its config). Every trial
+    model class of any framework or a registered definition (``"models:/digits-net"``), trained by
+    ``ModelTrainer(MyModel, data=data)``; without ``param_space``, ``MyModel.hyperparameter_space()``
+    (a definition's stored space) is the search space of its config. Every trial
     is a train run in ``{storage_path}/{name}/{trial}``. Running a tuner whose experiment directory
     already holds an unfinished experiment continues it (as :meth:`restore`): finished trials are
     kept, unfinished ones resume from their latest checkpoint.
@@ -58,9 +59,9 @@ class Tuner:
     """
 
     def __init__(self, trainable: Any, *, param_space: dict[str, Any] | None = None,
-                 tune_config: TuneConfig | None = None, run_config: Any = None,
+                 tune_config: TuneConfig | None = None, run_config: Any = None, data: Any = None,
                  _restored: dict[str, Any] | None = None):  # fmt: skip
-        trainable, param_space = as_model_trainer(trainable, param_space)
+        trainable, param_space = as_model_trainer(trainable, param_space, data)
         check_trainable(trainable)
         self.trainable = trainable
         self.param_space = dict(param_space or {})

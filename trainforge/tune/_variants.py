@@ -23,7 +23,6 @@ rejected by ``validate_param_space`` with the key path, so a half-ported script 
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import random
 import sys
@@ -31,6 +30,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from trainforge.tune._sample import GRID_SEARCH_KEY, Categorical, Domain, Function
+from trainforge.tune._spec import ConfigView, UnresolvedRead, format_path, spec_view
 
 logger = logging.getLogger(__name__)
 
@@ -43,12 +43,6 @@ _FOREIGN = (
     (("hyperopt",), "a hyperopt search space (hp.*)"),
     (("optuna", "distributions"), "an Optuna distribution"),
 )
-
-
-def format_path(path: Path, root: str = "param_space") -> str:
-    """``('train_loop_config', 'lr')`` -> ``param_space["train_loop_config"]["lr"]``."""
-    parts = (json.dumps(k, ensure_ascii=False) if isinstance(k, str) else repr(k) for k in path)
-    return root + "".join(f"[{p}]" for p in parts)
 
 
 def is_grid(value: Any) -> bool:
@@ -185,79 +179,8 @@ def count_variants(param_space: Mapping[str, Any], num_samples: int) -> int:
 # -- resolution ------------------------------------------------------------------------------------------
 
 
-class _UnresolvedRead(Exception):
-    """A sample_from function read a value that is itself a sample_from not yet resolved."""
-
-    def __init__(self, path: Path):
-        super().__init__(path)
-        self.path = path
-
-
-class _ConfigView(Mapping[Any, Any]):
-    """Read-only view of a config being resolved: ``view.key`` or ``view["key"]``, nested likewise."""
-
-    __slots__ = ("_data", "_path")
-
-    def __init__(self, data: dict[Any, Any], path: Path):
-        self._data = data
-        self._path = path
-
-    def __getitem__(self, key: Any) -> Any:
-        value = self._data[key]
-        if isinstance(value, Function):
-            raise _UnresolvedRead((*self._path, key))
-        if isinstance(value, dict):
-            return _ConfigView(value, (*self._path, key))
-        return value
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        try:
-            return self[name]
-        except KeyError:
-            keys = ", ".join(repr(k) for k in self._data)
-            raise AttributeError(
-                f"{format_path(self._path, 'config')} has no key {name!r} (it has: {keys})"
-            ) from None
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __repr__(self) -> str:
-        return f"config view {self._data!r}"
-
-
-class _Spec(Mapping[str, Any]):
-    """What ``sample_from`` functions receive: ``spec.config`` (or ``spec["config"]``) is the trial config."""
-
-    __slots__ = ("config",)
-
-    def __init__(self, config: dict[Any, Any]):
-        self.config = _ConfigView(config, ())
-
-    def __getitem__(self, key: str) -> Any:
-        if key != "config":
-            raise KeyError(key)
-        return self.config
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(("config",))
-
-    def __len__(self) -> int:
-        return 1
-
-
-def spec_view(config: dict[Any, Any]) -> Mapping[str, Any]:
-    """The ``spec`` a ``sample_from`` function gets for ``config``."""
-    return _Spec(config)
-
-
 def _plain(value: Any) -> Any:
-    if isinstance(value, _ConfigView):
+    if isinstance(value, ConfigView):
         return {k: _plain(value._data[k]) for k in value}
     return value
 
@@ -296,8 +219,8 @@ def _resolve_functions(config: dict[Any, Any], pending: list[Path], root: str) -
         for path in remaining:
             function = get_path(config, path)
             try:
-                value = function.call(spec_view(config))
-            except _UnresolvedRead as exc:
+                value = function.call(spec_view(config, unresolved=lambda v: isinstance(v, Function)))
+            except UnresolvedRead as exc:
                 blocked[path] = exc.path
                 continue
             except Exception as exc:

@@ -38,7 +38,7 @@ logger = logging.getLogger("trainforge.tune")
 
 # What a trial's worker imports whatever the trainable is (as the train server's warm pool).
 BASE_PRELOAD = (
-    "trainforge", "trainforge._internal.worker_main", "trainforge._internal.train_fn",
+    "trainforge", "trainforge._internal.worker_group.worker_main", "trainforge._internal.train_fn",
     "trainforge._internal.session", "trainforge._internal.worker_group.report_ring", "trainforge.tune",
     "cloudpickle", "multiprocessing.connection",
 )  # fmt: skip

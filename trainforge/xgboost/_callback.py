@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from trainforge._internal.checkpoint import Checkpoint
+from trainforge import Checkpoint
 from trainforge._internal.gbdt import check_callback_args, checkpoint_file, report_dict, report_with_model
 from trainforge.xgboost._imports import import_xgboost
 
@@ -66,6 +66,9 @@ class RayTrainReportCallback(xgboost.callback.TrainingCallback):  # type: ignore
         # last round's report then carries the end's checkpoint, instead of after_training adding a
         # report that repeats it.
         self._final_rounds: int | None = None
+        # Files to write beside the booster in each checkpoint (the params= form's "model_files": the
+        # model object's model.json, so that a checkpoint of ModelTrainer is a model directory).
+        self._model_files: Callable[[str], None] | None = None
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint, filename: str = CHECKPOINT_NAME) -> Any:
@@ -83,8 +86,12 @@ class RayTrainReportCallback(xgboost.callback.TrainingCallback):  # type: ignore
             if len(log)
         )
         metrics = report_dict(evals, self._metrics, self._postprocess)
-        save = (lambda directory: model.save_model(os.path.join(directory, self._filename))) if checkpoint else None
-        report_with_model(metrics, save)
+        report_with_model(metrics, (lambda directory: self._save(model, directory)) if checkpoint else None)
+
+    def _save(self, model: Any, directory: str) -> None:
+        model.save_model(os.path.join(directory, self._filename))
+        if self._model_files is not None:
+            self._model_files(directory)
 
     def after_iteration(self, model: Any, epoch: int, evals_log: Any) -> bool:
         self._evals_log = evals_log

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from trainforge._internal.backend import Backend, BackendConfig
 from trainforge._internal.constants import ENV_RANK
-from trainforge._internal.torch.config import _all_on_host, _node_ip
+from trainforge._internal.network import all_on_host, node_ip
+from trainforge.backend import Backend, BackendConfig
 
 COMMUNICATORS = ("rabit",)
 
@@ -78,7 +78,7 @@ class _XGBoostBackend(Backend):
         from xgboost.tracker import RabitTracker
 
         self.on_attempt_end(backend_config)  # one an earlier attempt left behind
-        host = "127.0.0.1" if _all_on_host(worker_group, socket.gethostname()) else _node_ip()
+        host = "127.0.0.1" if all_on_host(worker_group, socket.gethostname()) else node_ip()
         tracker = RabitTracker(
             n_workers=worker_group.num_workers, host_ip=host, sortby="task", timeout=backend_config.timeout_s
         )

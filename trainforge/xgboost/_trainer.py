@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trainforge._internal.checkpoint import Checkpoint
-from trainforge._internal.gbdt import GBDTTrainer, import_in_background, require, shard_frame, split_label
-from trainforge._internal.session import get_checkpoint
+from trainforge import Checkpoint, get_checkpoint
+from trainforge._internal.backend import config_or_default
+from trainforge._internal.extras import require
+from trainforge._internal.gbdt import GBDTTrainer, import_in_background, shard_frame, split_label
 from trainforge.xgboost._config import XGBoostConfig
-from trainforge.xgboost._imports import EXTRA, import_xgboost
+from trainforge.xgboost._imports import import_xgboost
 
 
 def _legacy_loop(config: dict[str, Any]) -> None:
@@ -34,6 +35,7 @@ def _legacy_loop(config: dict[str, Any]) -> None:
         frequency=config["checkpoint_frequency"], checkpoint_at_end=config["checkpoint_at_end"]
     )
     callback._final_rounds = config["num_boost_round"]  # the end's checkpoint with the last round's report
+    callback._model_files = config.get("model_files")
     xgboost.train(
         config["params"], evals[0][0], num_boost_round=rounds, evals=evals, xgb_model=start,
         callbacks=[callback], **(config.get("train_kwargs") or {}),
@@ -93,13 +95,9 @@ class XGBoostTrainer(GBDTTrainer):
         dmatrix_params: dict[str, dict[str, Any]] | None = None,
         **train_kwargs: Any,
     ):
-        if xgboost_config is None:
-            xgboost_config = XGBoostConfig()
-        elif not isinstance(xgboost_config, XGBoostConfig):
-            raise TypeError(
-                f"XGBoostTrainer(xgboost_config={xgboost_config!r}) must be a trainforge.xgboost.XGBoostConfig."
-            )
-        require("xgboost", f"XGBoostTrainer needs xgboost, which is not installed: {EXTRA}.")
+        xgboost_config = config_or_default(xgboost_config, XGBoostConfig, "XGBoostTrainer", "xgboost_config",
+                                           "trainforge.xgboost.XGBoostConfig")  # fmt: skip
+        require("xgboost", "xgboost", "XGBoostTrainer")
         import_in_background("xgboost.tracker")  # the backend's tracker, needed once the workers are up
         legacy = {
             "label_column": label_column, "params": params, "num_boost_round": num_boost_round,

@@ -1,6 +1,8 @@
 """The HTTP foundation shared by trainforge's servers (the train server, ``trainforge serve``): the
-request guard. A deliberately named internal interface: platform packages import it from here."""
+request guard, the listening socket, the SIGTERM handler and the JSON encoding rule. A deliberately
+named internal interface: platform packages import it from here."""
 
+from trainforge._internal.http.encoding import json_safe
 from trainforge._internal.http.guard import (
     Guard,
     GuardPolicy,
@@ -12,15 +14,20 @@ from trainforge._internal.http.guard import (
     origin_of,
     safe_location,
 )
+from trainforge._internal.http.listen import listen
+from trainforge._internal.http.signals import exit_on_signal
 
 __all__ = [
     "Guard",
     "GuardPolicy",
     "deny",
+    "exit_on_signal",
     "host_name",
     "is_json_type",
     "is_loopback",
     "json_detail",
+    "json_safe",
+    "listen",
     "origin_of",
     "safe_location",
 ]

@@ -13,7 +13,10 @@ An ASGI middleware that runs before any route, in this order:
    may send no body at all), else 415. So no CORS-simple request (a form post, a ``no-cors`` fetch,
    ``text/plain``), the kind a browser sends cross-site without asking, can change anything.
 4. **Token.** ``Authorization: Bearer <token>`` (or, where the server has a cookie, its cookie),
-   compared in constant time; 401 otherwise. ``open_paths`` need no token.
+   compared in constant time; 401 otherwise. ``open_paths`` need no token. A server with several
+   users gives an ``authenticate`` function instead: it tells who a token is (or None: 401), and the
+   guard puts them in the request's scope as ``user`` (Starlette's ``request.user``) for the routes'
+   own authorisation.
 
 Browser entry (servers with a ``cookie_name``, i.e. the dashboard): ``GET <page>?token=<token>``
 answers 303 to the same page *on this server* (a path, never ``//other.host``), with the other query
@@ -29,6 +32,7 @@ import dataclasses
 import hmac
 import ipaddress
 import json
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -100,6 +104,8 @@ class GuardPolicy:
     entry (None: header only). ``api_prefix``: paths under it are the API (JSON errors); others are
     pages. ``open_paths``: answered without a token. ``tls``: the server speaks HTTPS (the origin's
     scheme, and a ``Secure`` cookie). ``token_hint``: where the 401 says the token is found.
+    ``authenticate``: who a token is (any object, set as the scope's ``user``), or None for nobody;
+    given, it decides instead of the comparison with ``token`` (it must compare in constant time).
     """
 
     token: str | None
@@ -110,6 +116,7 @@ class GuardPolicy:
     tls: bool = False
     token_hint: str = "the token the server was started with"
     host_hint: str = ""
+    authenticate: Callable[[str], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.token is not None and not self.token:
@@ -153,23 +160,34 @@ class Guard:
                                       f"application/json' (got {content_type or 'no Content-Type'}; an empty body "
                                       "is {})")  # fmt: skip
                 return
-        if self._token is None or path in policy.open_paths:
+        if (self._token is None and policy.authenticate is None) or path in policy.open_paths:
             await self._pass(scope, receive, send, is_api)
             return
         query = scope.get("query_string", b"")
         if policy.cookie_name and method == "GET" and not is_api and b"token=" in query:
             given = dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True)).get("token", "")
-            if hmac.compare_digest(given.encode(), self._token):
+            if self._identify(given) is not None:
                 await self._enter(scope, send, given)
                 return
-        if not hmac.compare_digest(self._supplied(headers).encode(), self._token):
+        who = self._identify(self._supplied(headers))
+        if who is None:
             if not is_api:
                 await _deny_page(send)
                 return
             await deny(send, 401, "missing or wrong token: send 'Authorization: Bearer <token>' with "
                                   f"{policy.token_hint}")  # fmt: skip
             return
+        if policy.authenticate is not None:
+            scope["user"] = who
         await self._pass(scope, receive, send, is_api)
+
+    def _identify(self, token: str) -> Any | None:
+        """Who ``token`` is (``authenticate``'s answer; True for the one token), or None."""
+        if self.policy.authenticate is not None:
+            return self.policy.authenticate(token) if token else None
+        if self._token is not None and hmac.compare_digest(token.encode(), self._token):
+            return True
+        return None
 
     def _cross_site(self, headers: dict[str, str], host_header: str) -> str | None:
         """Why a state-changing request is refused as cross-site, or None."""

@@ -1,5 +1,5 @@
 """``LoggerCallback``: the base of every sink (Ray Tune's ``LoggerCallback`` hooks, run off the
-training path), and ``TrialInfo``: the run a sink logs.
+training path); ``TrialInfo`` (the run a sink logs) is in ``trial.py``.
 
 A sink is a driver-side :class:`~trainforge.Callback`: pass it in ``trainforge.RunConfig(callbacks=[...])``
 for a ``fit()``, or in tune's ``RunConfig(callbacks=[...])`` for a ``Tuner`` (every trial
@@ -18,13 +18,12 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainforge._internal.callback import Callback
+from trainforge._internal.sinks.trial import TrialInfo
 
 if TYPE_CHECKING:
-    from trainforge._internal.checkpoint import Checkpoint
     from trainforge._internal.result import Result, TrainingReport
     from trainforge._internal.sinks.drain import Drain, ResultRecord, SinkStats
 
@@ -32,42 +31,6 @@ _log = logging.getLogger("trainforge.sinks")
 
 DEFAULT_QUEUE_SIZE = 10_000
 DEFAULT_FLUSH_TIMEOUT_S = 30.0
-
-
-@dataclass(eq=False)
-class TrialInfo:
-    """The run a sink logs: one tuner trial (``experiment_name`` set), or a plain ``fit()``.
-
-    ``trial_id``/``trial_name``: the tuner's (a plain run: its name). ``config``: the run's
-    ``train_loop_config`` (a tuner's function trial: the trial's config; a trainer trial: its merged
-    ``train_loop_config``), its settings only: scalars, short lists and nested dicts of them (arrays
-    and data sets passed in it are left out). ``path``: the run directory (as the storage names it);
-    ``local_path``: a local directory for the sink's files -- the run directory itself on local
-    storage; on remote storage a temporary directory whose files are copied into the run directory
-    when the run ends. ``experiment_path``: the tuner's experiment directory (None for a plain run).
-    ``checkpoint``: the latest committed checkpoint (set before ``log_trial_save``). ``str(trial)``
-    is its name, as Ray's ``Trial``.
-    """
-
-    trial_id: str
-    trial_name: str
-    experiment_name: str | None
-    config: dict[str, Any]
-    path: str
-    local_path: str
-    experiment_path: str | None = None
-    num_workers: int | tuple[int, int] = 1
-    run_name: str = ""
-    metadata: dict[str, Any] = field(default_factory=dict, repr=False)
-    checkpoint: Checkpoint | None = None
-
-    @property
-    def is_trial(self) -> bool:
-        """True for a tuner's trial, False for a plain ``fit()``."""
-        return self.experiment_name is not None
-
-    def __str__(self) -> str:
-        return self.trial_name
 
 
 def _check_options(owner: str, queue_size: Any, flush_timeout_s: Any) -> None:

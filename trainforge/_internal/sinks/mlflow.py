@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from trainforge._internal.extras import require
 from trainforge._internal.sinks.api import (
     DEFAULT_FLUSH_TIMEOUT_S,
     DEFAULT_QUEUE_SIZE,
@@ -30,7 +31,7 @@ from trainforge._internal.sinks.api import (
     TrialInfo,
 )
 from trainforge._internal.sinks.drain import ResultRecord
-from trainforge._internal.sinks.values import flatten, numeric_metrics, require, truncate
+from trainforge._internal.sinks.values import flatten, numeric_metrics, truncate
 
 PARAM_KEY_LIMIT = 250
 PARAM_VALUE_LIMIT = 500

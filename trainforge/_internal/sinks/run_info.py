@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from trainforge._internal.sinks.api import TrialInfo
+from trainforge._internal.sinks.trial import TrialInfo
 from trainforge._internal.sinks.values import loggable_config
 
 logger = logging.getLogger("trainforge.sinks")

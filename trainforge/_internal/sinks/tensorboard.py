@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from trainforge._internal.extras import require
 from trainforge._internal.sinks.api import (
     DEFAULT_FLUSH_TIMEOUT_S,
     DEFAULT_QUEUE_SIZE,
@@ -20,7 +21,7 @@ from trainforge._internal.sinks.api import (
 )
 from trainforge._internal.sinks.drain import ResultRecord
 from trainforge._internal.sinks.files import claim, release
-from trainforge._internal.sinks.values import as_number, flatten, numeric_metrics, require
+from trainforge._internal.sinks.values import as_number, flatten, numeric_metrics
 
 FLUSH_SECS = 30  # tensorboardX's own flush period; the sink also flushes after each batch
 

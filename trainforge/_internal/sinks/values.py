@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import numbers
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -92,14 +90,3 @@ def truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit]
 
 
-def require(module: str, extra: str, what: str) -> None:
-    """Raise ImportError naming the extra to install if ``module`` cannot be imported (without
-    importing it: sinks import their library on their own thread, off the caller's path)."""
-    if module in sys.modules and sys.modules[module] is not None:
-        return
-    try:
-        found = module not in sys.modules and importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise ImportError(f"{what} needs {module}: pip install 'trainforge[{extra}]'")

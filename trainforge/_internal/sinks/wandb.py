@@ -14,9 +14,10 @@ import os
 import re
 from typing import Any
 
+from trainforge._internal.extras import require
 from trainforge._internal.sinks.api import DEFAULT_QUEUE_SIZE, LoggerCallback, TrialInfo
 from trainforge._internal.sinks.drain import ResultRecord
-from trainforge._internal.sinks.values import as_number, flatten, require
+from trainforge._internal.sinks.values import as_number, flatten
 
 EXTRA = "wandb"
 DEFAULT_UPLOAD_TIMEOUT_S = 1800  # Ray's upload_timeout: how long a run's end waits for its results

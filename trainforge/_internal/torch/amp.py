@@ -51,7 +51,7 @@ def accelerate(amp: bool = False, amp_dtype: torch.dtype | str | None = None) ->
     _state["called"] = True
     if not amp:
         return
-    from trainforge._internal.torch.train_loop_utils import get_device
+    from trainforge._internal.torch.device import get_device
 
     device_type = get_device().type
     if dtype is None:

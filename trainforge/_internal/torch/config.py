@@ -21,6 +21,7 @@ from trainforge._internal.constants import (
     ENV_RANK,
 )
 from trainforge._internal.exceptions import WorkerGroupError
+from trainforge._internal.network import all_on_host, node_ip
 
 logger = logging.getLogger("trainforge")
 
@@ -89,7 +90,7 @@ class _TorchBackend(Backend):
             if why:
                 logger.info("TorchConfig(backend=None): using %s: %s", backend, why)
         hostname, node_ip, port = worker_group.execute_single(0, _rank0_address_and_port, timeout_s)
-        addr = "127.0.0.1" if _all_on_host(worker_group, hostname) else _rank0_node_ip(worker_group, node_ip)
+        addr = "127.0.0.1" if all_on_host(worker_group, hostname) else _rank0_node_ip(worker_group, node_ip)
         worker_group.execute(
             _setup_process_group,
             addr,
@@ -145,15 +146,6 @@ def choose_backend(requested: str | None, gpus: list[tuple[str, str | None]]) ->
     return "nccl", ""
 
 
-def _all_on_host(worker_group: Any, hostname: str) -> bool:
-    """True when every worker runs on ``hostname``, so rank 0 is reachable on the loopback address."""
-    try:
-        hosts = {m.hostname for m in worker_group.worker_metadata}
-    except Exception:  # a group that cannot say where its workers are: compare with the driver
-        hosts = {socket.gethostname()}
-    return hosts <= {hostname}
-
-
 def _rank0_node_ip(worker_group: Any, fallback: str) -> str:
     """Rank 0's address as its cluster knows it (a Ray node IP), else what rank 0 found itself."""
     try:
@@ -164,20 +156,6 @@ def _rank0_node_ip(worker_group: Any, fallback: str) -> str:
 
 
 # -- run on the workers (module-level so they pickle by reference) -------------------------------
-def _node_ip() -> str:
-    """An address of this machine that other machines can reach (no packet is sent)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("10.255.255.255", 1))
-            return s.getsockname()[0]
-    except OSError:
-        pass
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
-
-
 def _gpu_identity() -> tuple[str, str | None]:
     """``(hostname, GPU)``: the GPU this worker's process group would use (its UUID, else its
     ``CUDA_VISIBLE_DEVICES`` entry), None without CUDA (see :func:`choose_backend`)."""
@@ -191,12 +169,6 @@ def _gpu_identity() -> tuple[str, str | None]:
         return socket.gethostname(), "GPU-" + str(uuid).removeprefix("GPU-")
     visible = [g.strip() for g in os.environ.get(ENV_CUDA_VISIBLE_DEVICES, "").split(",") if g.strip()]
     return socket.gethostname(), visible[index] if index < len(visible) else str(index)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 # Rank 0's rendezvous store (a TCPStore server), from _rank0_address_and_port until _shutdown.
@@ -213,7 +185,7 @@ def _rank0_address_and_port(timeout_s: float = 1800) -> tuple[str, str, int]:
 
     global _store
     _store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
-    return socket.gethostname(), _node_ip(), int(_store.port)
+    return socket.gethostname(), node_ip(), int(_store.port)
 
 
 def _rendezvous_store(master_addr: str, master_port: int, rank: int, timeout_s: float) -> Any:

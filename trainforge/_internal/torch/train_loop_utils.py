@@ -23,7 +23,8 @@ from torch.utils.data import (
 )
 
 from trainforge._internal import session
-from trainforge._internal.constants import ENV_LOCAL_RANK, ENV_RANK, ENV_WORLD_SIZE
+from trainforge._internal.constants import ENV_RANK, ENV_WORLD_SIZE
+from trainforge._internal.torch.device import get_device
 
 logger = logging.getLogger(__name__)
 
@@ -40,22 +41,6 @@ def _world_size_and_rank() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(), dist.get_rank()
     return 1, 0
-
-
-def get_device() -> torch.device:
-    """The device this worker should train on: its GPU when it has one, else the CPU.
-
-    Each GPU worker normally sees only its own GPU (``cuda:0``); when several workers see the same
-    GPUs, worker ``LOCAL_RANK`` takes GPU ``LOCAL_RANK % device_count``.
-    """
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    count = torch.cuda.device_count()
-    if session.in_session():
-        local_rank = session.get_context().get_local_rank()
-    else:
-        local_rank = int(os.environ.get(ENV_LOCAL_RANK, "0"))
-    return torch.device("cuda", local_rank % count)
 
 
 def prepare_model(
@@ -128,7 +113,7 @@ def prepare_data_loader(
     add_dist_sampler: bool = True,
     move_to_device: bool = True,
     auto_transfer: bool = True,
-) -> DataLoader | _DeviceDataLoader:
+) -> DataLoader | DeviceDataLoader:
     """Shard ``data_loader`` across workers and move its batches to this worker's device.
 
     Example::
@@ -157,13 +142,13 @@ def prepare_data_loader(
         and not isinstance(data_loader.dataset, IterableDataset)
         and not isinstance(data_loader.sampler, DistributedSampler)
     ):
-        data_loader = _with_distributed_sampler(data_loader, world_size, rank)
+        data_loader = with_distributed_sampler(data_loader, world_size, rank)
     if not move_to_device:
         return data_loader
-    return _DeviceDataLoader(data_loader, get_device(), auto_transfer)
+    return DeviceDataLoader(data_loader, get_device(), auto_transfer)
 
 
-def _with_distributed_sampler(loader: DataLoader, world_size: int, rank: int) -> DataLoader:
+def with_distributed_sampler(loader: DataLoader, world_size: int, rank: int) -> DataLoader:
     """A copy of ``loader`` whose sampler gives this rank its share of the dataset."""
     if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
         raise ValueError(
@@ -220,7 +205,7 @@ def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
     return batch
 
 
-class _DeviceDataLoader:
+class DeviceDataLoader:
     """Iterates the wrapped loader's batches moved to ``device``; everything else is the loader's."""
 
     def __init__(self, loader: DataLoader, device: torch.device, auto_transfer: bool = True):

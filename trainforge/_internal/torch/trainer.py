@@ -6,6 +6,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
+from trainforge._internal.backend import config_or_default
 from trainforge._internal.torch.config import TorchConfig
 from trainforge._internal.trainer import DataParallelTrainer
 
@@ -46,13 +47,8 @@ class TorchTrainer(DataParallelTrainer):
         resume_from_checkpoint: Any = None,
         worker_init_fn: Callable[[], Any] | None = None,
     ):
-        if torch_config is None:
-            torch_config = TorchConfig()
-        elif not isinstance(torch_config, TorchConfig):
-            raise TypeError(
-                f"TorchTrainer(torch_config={torch_config!r}) must be a trainforge.torch.TorchConfig, "
-                f"got {type(torch_config).__name__}."
-            )
+        torch_config = config_or_default(torch_config, TorchConfig, "TorchTrainer", "torch_config",
+                                         "trainforge.torch.TorchConfig")  # fmt: skip
         if importlib.util.find_spec("torch") is None:
             raise ImportError(
                 "TorchTrainer needs PyTorch, which is not installed: pip install 'trainforge[torch]' "

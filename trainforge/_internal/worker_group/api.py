@@ -113,3 +113,39 @@ class WorkerGroup(abc.ABC):
 
     def __len__(self) -> int:
         return self.num_workers
+
+
+class Executor(abc.ABC):
+    """Where a run's workers live (worker_group/executor.py picks one): makes its worker groups (one
+    per attempt) and their specs, and offers the resource view elastic sizing reads."""
+
+    name: str
+
+    @abc.abstractmethod
+    def make_group(self) -> WorkerGroup:
+        """A new worker group for the next attempt."""
+
+    @abc.abstractmethod
+    def make_specs(self, attempt: int, n: int) -> list[WorkerSpec]:
+        """Ranks and environment of ``n`` workers (a Ray group completes the per-node fields once
+        it knows where its workers run)."""
+
+    @abc.abstractmethod
+    def available(self) -> dict[str, float]:
+        """Resources the run may use now (elastic sizing), counting those its running group holds."""
+
+    def after_start(self, n: int, may_restart: bool) -> None:
+        """Called once a group is training; ``may_restart``: a restart or resize may follow."""
+        return None
+
+    def split_ray_dataset(self, name: str, dataset: Any, n: int, split: bool) -> list[Any]:
+        """One shard per rank of a ``ray.data.Dataset`` (split across the ranks, or whole for each)."""
+        raise ValueError(
+            f"datasets[{name!r}] is a ray.data.Dataset, which needs the Ray executor, but this run uses the "
+            f"{self.name!r} executor: "
+            "pass ScalingConfig(executor='ray'), or convert the dataset first (e.g. ds.to_pandas())."
+        )
+
+    def close(self) -> None:
+        """Release everything at the end of the run."""
+        return None

@@ -19,11 +19,11 @@ import time
 
 from trainforge._internal.config import ScalingConfig
 from trainforge._internal.exceptions import WorkerFailure
-from trainforge._internal.worker_group.api import WorkerGroup, WorkerMetadata, WorkerSpec
-from trainforge._internal.worker_group.executor import Executor
-from trainforge._internal.worker_group.local_pool import LocalProcessPool, WorkerProcess, kill_process_groups
+from trainforge._internal.process_tree import signal_groups
+from trainforge._internal.worker_group.api import Executor, WorkerGroup, WorkerMetadata, WorkerSpec
+from trainforge._internal.worker_group.local_pool import LocalProcessPool, WorkerProcess
 from trainforge._internal.worker_group.socket_group import SocketWorkerGroup
-from trainforge._internal.worker_main import STACK_SIGNAL
+from trainforge._internal.worker_group.worker_main import STACK_SIGNAL
 
 _Worker = WorkerProcess
 
@@ -119,12 +119,12 @@ class LocalWorkerGroup(SocketWorkerGroup):
         # Workers that ended or whose train loop failed: SIGKILL now (their process groups too), no
         # grace to wait out.
         running_pids = {w.pid for w in running}
-        kill_process_groups([w.pid for w in self._workers if w.pid not in running_pids], signal.SIGKILL)
+        signal_groups([w.pid for w in self._workers if w.pid not in running_pids], signal.SIGKILL)
         if running:
-            kill_process_groups([w.pid for w in running], signal.SIGTERM)
+            signal_groups([w.pid for w in running], signal.SIGTERM)
             self._wait_exit(running, grace)
         # Whatever is left, including children the workers started in their process groups.
-        kill_process_groups([w.pid for w in self._workers], signal.SIGKILL)
+        signal_groups([w.pid for w in self._workers], signal.SIGKILL)
 
     def _reap(self) -> None:
         """Every worker is killed by now. With the run's pool, waiting for them to end and closing
@@ -153,7 +153,7 @@ class LocalExecutor(Executor):
     name = "local"
 
     def __init__(self, scaling: ScalingConfig, preload: tuple[str, ...], log_dir: str | None, log_to_driver: bool):
-        from trainforge._internal.worker_env import spawn_env
+        from trainforge._internal.worker_group.env import spawn_env
 
         self.scaling = scaling
         self._preload = preload
@@ -165,7 +165,8 @@ class LocalExecutor(Executor):
         return LocalWorkerGroup(log_dir=self._log_dir, log_to_driver=self._log_to_driver, pool=self.pool)
 
     def make_specs(self, attempt: int, n: int) -> list[WorkerSpec]:
-        from trainforge._internal.worker_env import local_gpu_groups, local_worker_specs
+        from trainforge._internal.devices import local_gpu_groups
+        from trainforge._internal.worker_group.env import local_worker_specs
 
         return local_worker_specs(self.scaling, attempt, n, local_gpu_groups(self.scaling, n))
 

@@ -1,6 +1,6 @@
 """Local worker processes: spawning them, and keeping standby ones ready for fast restarts.
 
-A worker process (``python -u -m trainforge._internal.worker_main``) starts without a rank: it
+A worker process (``python -u -m trainforge._internal.worker_group.worker_main``) starts without a rank: it
 connects back to the pool's loopback listener (random auth key), says hello with its pid, imports
 its preload modules (torch for a TorchTrainer) and waits. A worker group then takes processes from
 the pool and gives each its rank and environment in the "setup" message.
@@ -31,29 +31,23 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from trainforge._internal import constants, zygote
-from trainforge._internal.exceptions import WorkerStartError
-from trainforge._internal.log_streaming import LogStreamer
-from trainforge._internal.worker_group import report_ring
-from trainforge._internal.worker_group.listener import WorkerListener
-from trainforge._internal.worker_group.socket_group import WorkerHandle
-from trainforge._internal.worker_main import (
+from trainforge._internal.constants import (
     ENV_AUTHKEY,
     ENV_DRIVER_ADDR,
     ENV_REPORT_RING_FD,
+    ENV_REPORT_WAKE_FD,
     ENV_STACK_FILE,
     ENV_WORKER_KEY,
 )
+from trainforge._internal.exceptions import WorkerStartError
+from trainforge._internal.log_streaming import LogStreamer
+from trainforge._internal.process_tree import signal_groups
+from trainforge._internal.worker_group import report_ring
+from trainforge._internal.worker_group.listener import WorkerListener
+from trainforge._internal.worker_group.socket_group import WorkerHandle
 from trainforge._internal.zygote import ENV_ZYGOTE, ZygoteChild
 
 logger = logging.getLogger("trainforge")
-
-
-def kill_process_groups(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 class WorkerProcess(WorkerHandle):
@@ -116,7 +110,7 @@ class LocalProcessPool:
         self._zygote_failed = False
         self._all_pids: list[int] = []
         self._reapers: list[threading.Thread] = []
-        self._finalizer = weakref.finalize(self, kill_process_groups, self._all_pids, signal.SIGKILL)
+        self._finalizer = weakref.finalize(self, signal_groups, self._all_pids, signal.SIGKILL)
 
     # -- spawning ---------------------------------------------------------------------------------
     def _stack_path(self) -> str:
@@ -139,10 +133,20 @@ class LocalProcessPool:
         stack_file = self._stack_path()
         env[ENV_STACK_FILE] = stack_file
         # The worker's reports come through a shared-memory ring (see report_ring.py), passed as an
-        # inherited anonymous memory file: nothing to clean up in the file system, whatever happens.
+        # inherited anonymous memory file: nothing to clean up in the file system, whatever happens;
+        # and an eventfd the worker signals when the ring goes from empty to non-empty (we wait on it).
         ring_fd = report_ring.create_ring_fd() if report_ring.available() else None
+        try:
+            wake_fd = report_ring.create_wake_fd() if ring_fd is not None else None
+        except OSError:
+            if ring_fd is not None:
+                os.close(ring_fd)
+            raise
         if ring_fd is not None:
             env[ENV_REPORT_RING_FD] = str(ring_fd)
+        if wake_fd is not None:
+            env[ENV_REPORT_WAKE_FD] = str(wake_fd)
+        child_fds = tuple(fd for fd in (ring_fd, wake_fd) if fd is not None)
         # Expected before the process exists: a worker forked from a zygote says hello within milliseconds.
         hello: dict[str, Any] = {}
 
@@ -157,27 +161,30 @@ class LocalProcessPool:
         try:
             use_zygote = env.get(ENV_ZYGOTE) and not self._zygote_failed
             proc: subprocess.Popen[bytes] | ZygoteChild | None = (
-                self._fork_from_zygote(env, ring_fd, preload) if use_zygote else None
+                self._fork_from_zygote(env, child_fds, preload) if use_zygote else None
             )
             if proc is None:
                 proc = subprocess.Popen(
-                    [sys.executable, "-u", "-m", "trainforge._internal.worker_main"],
+                    [sys.executable, "-u", "-m", "trainforge._internal.worker_group.worker_main"],
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,  # Ctrl-C in a terminal reaches the driver only; it stops us
-                    pass_fds=(ring_fd,) if ring_fd is not None else (),
+                    pass_fds=child_fds,
                 )
             w = WorkerProcess(proc, stack_file, preload, key)
             if ring_fd is not None:
-                w.ring = report_ring.RingReader(ring_fd)
+                w.ring = report_ring.RingReader(ring_fd, wake_fd)
+                wake_fd = None  # the reader owns our copy now
         except BaseException:
             self._listener.forget(key)
             raise
         finally:
             if ring_fd is not None:
                 os.close(ring_fd)  # the child has its copy; our mapping stays
+            if wake_fd is not None:
+                os.close(wake_fd)
         for pipe, target in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
             assert pipe is not None
             w.streamers.append(LogStreamer(pipe, target))
@@ -189,16 +196,17 @@ class LocalProcessPool:
         self._all_pids.append(proc.pid)
         return w
 
-    def _fork_from_zygote(self, env: dict[str, str], ring_fd: int | None, preload: tuple[str, ...]) -> ZygoteChild | None:
+    def _fork_from_zygote(self, env: dict[str, str], child_fds: tuple[int, ...], preload: tuple[str, ...]) -> ZygoteChild | None:
         """The worker forked by the train server's warm zygote (``$TRAINFORGE_ZYGOTE``, see
-        zygote.py): it has trainforge (and torch, once an earlier job needed it) imported already.
-        None (start a fresh interpreter instead) if the zygote does not answer."""
+        _internal/zygote/): it has trainforge (and torch, once an earlier job needed it) imported already;
+        ``child_fds`` are given to it under the same numbers. None (start a fresh interpreter instead)
+        if the zygote does not answer."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        fds = [out_w, err_w] + ([ring_fd] if ring_fd is not None else [])
-        mapping = {1: 0, 2: 1, **({ring_fd: 2} if ring_fd is not None else {})}
+        fds = [out_w, err_w, *child_fds]
+        mapping = {1: 0, 2: 1, **{fd: 2 + i for i, fd in enumerate(child_fds)}}
         request = zygote.SpawnRequest(
-            target="trainforge._internal.worker_main:main", args=[], env=env, cwd=os.getcwd(), fds=mapping,
+            target="trainforge._internal.worker_group.worker_main:main", args=[], env=env, cwd=os.getcwd(), fds=mapping,
             new_session=True, mark=(constants.ENV_JOB_ID, constants.ENV_SERVER_ID), watch_pid=os.getpid(),
             preload=preload,
         )  # fmt: skip
@@ -270,7 +278,7 @@ class LocalProcessPool:
 
     # -- cleanup ----------------------------------------------------------------------------------
     def _discard(self, w: WorkerProcess) -> None:
-        kill_process_groups([w.pid], signal.SIGKILL)
+        signal_groups([w.pid], signal.SIGKILL)
         self._listener.forget(w.key)
         try:
             w.proc.wait(timeout=10)

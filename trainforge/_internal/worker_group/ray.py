@@ -39,8 +39,8 @@ from trainforge._internal import constants
 from trainforge._internal.config import ScalingConfig
 from trainforge._internal.exceptions import WorkerFailure, WorkerStartError
 from trainforge._internal.log_streaming import LogStreamer
-from trainforge._internal.worker_group.api import WorkerGroup, WorkerMetadata, WorkerSpec
-from trainforge._internal.worker_group.executor import Executor
+from trainforge._internal.process_tree import kill_and_reap
+from trainforge._internal.worker_group.api import Executor, WorkerGroup, WorkerMetadata, WorkerSpec
 from trainforge._internal.worker_group.listener import WorkerListener
 from trainforge._internal.worker_group.ray_placement import (
     bundle_of,
@@ -58,7 +58,7 @@ class _WorkerActor:
     """Runs in a Ray worker process. ``run`` is the worker: it returns only after the exit command."""
 
     def run(self, address: str, authkey: bytes, key: str, env: dict[str, str], preload: tuple[str, ...]) -> None:
-        from trainforge._internal.worker_main import run_in_actor
+        from trainforge._internal.worker_group.worker_main import run_in_actor
 
         context = ray.get_runtime_context()
         info = {
@@ -194,7 +194,7 @@ class RayWorkerGroup(SocketWorkerGroup):
         nodes = [str(w.info.get("node_id")) for w in self._workers]
         master = str(self._workers[0].info.get("node_ip", "127.0.0.1"))
         gpus = [list(w.info.get("gpu_ids", [])) for w in self._workers]
-        from trainforge._internal.worker_env import place_specs
+        from trainforge._internal.worker_group.env import place_specs
 
         place_specs(specs, nodes, self._attempt, master, self._scaling, gpus)
 
@@ -316,7 +316,7 @@ class RayWorkerGroup(SocketWorkerGroup):
         local, children = self._local_processes()
         kill_actors([w.actor for w in self._workers], timeout=10)
         _gone, alive = psutil.wait_procs(local, timeout=5)
-        _kill(alive + children)
+        kill_and_reap(alive + children, timeout=5)
 
     def _local_processes(self) -> tuple[list[Any], list[Any]]:
         """The worker processes on this machine and their descendants."""
@@ -370,17 +370,6 @@ def kill_actors(actors: list[Any], timeout: float) -> None:
         ray.wait(probes, num_returns=len(probes), timeout=timeout, fetch_local=False)
 
 
-def _kill(procs: list[Any]) -> None:
-    import psutil
-
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=5)
-
-
 # ------------------------------------------------------------------------------------------------
 # The executor
 # ------------------------------------------------------------------------------------------------
@@ -393,7 +382,7 @@ class RayExecutor(Executor):
     def __init__(self, scaling: ScalingConfig, preload: tuple[str, ...], log_dir: str | None, log_to_driver: bool,
                  storage: Any):  # fmt: skip
         from trainforge._internal import ray_utils
-        from trainforge._internal.worker_env import spawn_env
+        from trainforge._internal.worker_group.env import spawn_env
 
         ray_utils.ensure_connected()
         check_feasible(scaling, scaling.min_workers)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from trainforge._internal.datasets import BATCH_FORMATS
+from trainforge._internal.dataset_shard import BATCH_FORMATS
 
 
 class RayDataShard:

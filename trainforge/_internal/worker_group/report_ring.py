@@ -23,6 +23,18 @@ its read position. A record is accepted only if its stored position is the one e
 checksum matches, so a torn or stale record (a previous lap) is never taken for a new one; the
 driver then simply tries again at the next drain. When the ring is full the writer asks the driver
 to drain (``nudge``) and waits for room: back-pressure, as a full socket buffer would give.
+
+Wake-up: a driver waiting for reports must not poll the ring. Each ring has a wake-up ``eventfd``
+(:func:`create_wake_fd`, passed to the worker beside the ring); the writer signals it only when its
+record is the first the driver has not read (the ring went from empty to non-empty: the published
+read position equals the record's position), so a worker reporting faster than the driver drains
+makes no system call per report. The two sides follow Dekker's pattern on the shared positions:
+the writer publishes its write position, then reads the read position; the reader publishes its
+read position, then (:meth:`RingReader.written_since_drain`) reads the write position again before
+it sleeps. A full fence between each store and load (a lock release on the writer's side, which
+follows the publish anyway; a lock taken and released on the reader's) means that one of them
+always sees the other: either the writer signals, or the reader drains again without sleeping.
+The driver also drains at its poll timeout, so even a wake-up lost some other way only delays.
 """
 
 from __future__ import annotations
@@ -35,7 +47,7 @@ import time
 import zlib
 from collections.abc import Callable
 
-MAGIC = 0x54465247_00000001  # "TFRG", version 1
+MAGIC = 0x54465247_00000001  # "TFRG", version 1 (the wake-up eventfd changes nothing in the layout)
 HEADER_BYTES = 64
 _MAGIC = struct.Struct("<Q")
 _POS = struct.Struct("<Q")
@@ -60,6 +72,25 @@ def create_ring_fd(size: int = DEFAULT_BYTES) -> int:
 def available() -> bool:
     """Whether this platform can make rings (Linux's memfd)."""
     return hasattr(os, "memfd_create")
+
+
+def create_wake_fd() -> int | None:
+    """A new non-blocking ``eventfd`` for a ring's wake-ups (the caller owns it), or None where the
+    platform has none (the driver then drains at its poll interval)."""
+    if not hasattr(os, "eventfd"):
+        return None
+    return os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+
+_fence_lock = threading.Lock()
+
+
+def _fence() -> None:
+    """A full memory fence between a store to the ring's header and a later load from it: taking a
+    lock is an atomic read-modify-write (on x86 a locked instruction, which orders every earlier
+    store before every later load)."""
+    _fence_lock.acquire()
+    _fence_lock.release()
 
 
 class _Ring:
@@ -99,11 +130,14 @@ class _Ring:
 
 
 class RingWriter(_Ring):
-    """The worker's end. ``nudge`` is called (from the writing thread) when the ring is full."""
+    """The worker's end. ``nudge`` is called (from the writing thread) when the ring is full;
+    ``wake_fd`` (an eventfd, owned by the writer from now on) is signalled when a record is the
+    first the reader has not read."""
 
-    def __init__(self, fd: int, nudge: Callable[[], None] | None = None):
+    def __init__(self, fd: int, nudge: Callable[[], None] | None = None, wake_fd: int | None = None):
         super().__init__(fd)
         self._nudge = nudge
+        self._wake_fd = wake_fd
         self.lock = threading.Lock()  # held by put(); hold it to send something that must keep its place
         self.tag = 0  # stamped on every record written from now on
         self._pos = _POS.unpack_from(self._m, _WRITE_OFF)[0]
@@ -126,9 +160,24 @@ class RingWriter(_Ring):
             if pos + n > self._room_until:
                 self._wait_for_room(pos, n)
             self._copy_in(pos, _RECORD.pack(len(payload), zlib.crc32(payload), pos, self.tag) + payload)
-            self._pos = pos + n
-            _POS.pack_into(self._m, _WRITE_OFF, self._pos)  # publish: the record is now the driver's
-            return self._pos
+            end = self._pos = pos + n
+            _POS.pack_into(self._m, _WRITE_OFF, end)  # publish: the record is now the driver's
+        # The lock's release above is the fence between that store and this load (module docstring).
+        if self._wake_fd is not None and _POS.unpack_from(self._m, _READ_OFF)[0] == pos:
+            self._wake()  # the ring was empty: the driver may be asleep
+        return end
+
+    def _wake(self) -> None:
+        try:
+            os.eventfd_write(self._wake_fd, 1)  # type: ignore[arg-type]
+        except OSError:  # the counter is full (it never is: the driver reads it) or the fd is gone
+            pass
+
+    def close(self) -> None:
+        super().close()
+        if self._wake_fd is not None:
+            os.close(self._wake_fd)
+            self._wake_fd = None
 
     def _wait_for_room(self, pos: int, n: int) -> None:
         nudged = False
@@ -146,19 +195,50 @@ class RingWriter(_Ring):
 
 
 class RingReader(_Ring):
-    """The driver's end."""
+    """The driver's end. With a ``wake_fd`` (the eventfd the writer signals; owned by the reader from
+    now on), the reader is a waitable object: ``fileno()`` is that fd (select on it, then
+    :meth:`clear_wake` and drain)."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, wake_fd: int | None = None):
         super().__init__(fd)
+        self.wake_fd = wake_fd
         self._pos = _POS.unpack_from(self._m, _READ_OFF)[0]
+        self._seen = self._pos  # the write position the last drain saw
+
+    def fileno(self) -> int:
+        if self.wake_fd is None:
+            raise ValueError("this ring has no wake-up fd")
+        return self.wake_fd
+
+    def clear_wake(self) -> None:
+        """Reset the wake-up fd (after it was readable), so the next wait sleeps until the next signal."""
+        if self.wake_fd is None:
+            return
+        try:
+            os.eventfd_read(self.wake_fd)
+        except BlockingIOError:  # not signalled since the last clear
+            pass
+
+    def close(self) -> None:
+        super().close()
+        if self.wake_fd is not None:
+            os.close(self.wake_fd)
+            self.wake_fd = None
 
     def pending(self) -> bool:
         return _POS.unpack_from(self._m, _WRITE_OFF)[0] > self._pos
 
+    def written_since_drain(self) -> bool:
+        """Whether records were published after the last :meth:`drain` looked: call it before
+        sleeping on the wake-up fd. Their writer may have seen the read position from before that
+        drain and not signalled (module docstring), so drain again instead of sleeping."""
+        _fence()  # the read position published by the drain, before the write position read here
+        return _POS.unpack_from(self._m, _WRITE_OFF)[0] > self._seen
+
     def drain(self, upto: int | None = None, max_tag: int | None = None) -> list[bytes]:
         """Payloads of the complete records written so far, in order: up to position ``upto``, and
         stopping before the first record tagged above ``max_tag``."""
-        end = _POS.unpack_from(self._m, _WRITE_OFF)[0]
+        end = self._seen = _POS.unpack_from(self._m, _WRITE_OFF)[0]
         if upto is not None:
             end = min(end, upto)
         out: list[bytes] = []

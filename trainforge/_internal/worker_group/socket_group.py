@@ -35,7 +35,7 @@ from trainforge._internal.worker_group.api import (
 
 TAIL_LINES = 60
 READ_INTERVAL_S = 0.02  # while training, the driver reads socket-borne reports at most this often
-RING_DRAIN_S = 0.02  # and drains the report rings of local workers at least this often
+RING_DRAIN_S = 0.02  # and drains the report rings of local workers at least this often (besides their wake-ups)
 
 
 class WorkerHandle:
@@ -158,14 +158,22 @@ class SocketWorkerGroup(WorkerGroup):
                 self._send(w, ("stop",))
 
     def _receive(self, timeout: float) -> None:
-        """Read whatever arrives within ``timeout``; record events, results and deaths."""
+        """Read whatever arrives within ``timeout`` (a socket message, or a report ring's wake-up);
+        record events, results and deaths."""
         conns = [w.conn for w in self._workers if w.conn is not None and not w.conn.closed]
         by_conn = {id(w.conn): w for w in self._workers}
-        ready = wait(conns, timeout) if conns else []
+        rings = {id(w.ring): w.ring for w in self._workers if w.ring is not None and w.ring.wake_fd is not None}
+        if any(r.written_since_drain() for r in rings.values()):
+            timeout = 0.0  # records came after the last drain: their wake-up may have gone before it
+        ready = wait(conns + list(rings.values()), timeout) if conns else []
         if not conns and timeout:
             time.sleep(min(timeout, 0.05))
-        for conn in ready:
-            self._read_available(by_conn[id(conn)])
+        for obj in ready:
+            ring = rings.get(id(obj))
+            if ring is not None:
+                ring.clear_wake()  # before the drain below: a record written after it signals again
+            else:
+                self._read_available(by_conn[id(obj)])
         for w in self._workers:
             if w.ring is not None:
                 self._drain_ring(w)
@@ -307,8 +315,9 @@ class SocketWorkerGroup(WorkerGroup):
 
     def poll(self, timeout: float) -> list[Event]:
         if not self._events and self._workers and all(w.ring is not None for w in self._workers):
-            # Local workers: reports land in their rings without waking us; the sockets wake us for
-            # everything else (a death, a finished loop), and the rings are drained every RING_DRAIN_S.
+            # Local workers: a report that lands in an empty ring wakes us (its eventfd), later ones
+            # wait for the drain that wake-up causes; the sockets wake us for everything else (a death,
+            # a finished loop); and the rings are drained every RING_DRAIN_S anyway.
             self._receive(min(timeout, RING_DRAIN_S))
             events, self._events = self._events, []
             return events

@@ -25,8 +25,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from trainforge._internal.checkpoint import Checkpoint
-from trainforge._internal.session import report
+from trainforge import Checkpoint, report
 from trainforge.huggingface.transformers._imports import import_transformers
 
 _TrainerCallback: Any = import_transformers().TrainerCallback

@@ -9,8 +9,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
+from trainforge import get_context
 from trainforge._internal.datasets import DataShard
-from trainforge._internal.session import get_context, in_session
+from trainforge._internal.session import in_session
 from trainforge.huggingface.transformers._imports import import_transformers
 
 

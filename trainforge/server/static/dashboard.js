@@ -1,12 +1,17 @@
 // trainforge dashboard: keeps the server-rendered pages live over the API's server-sent events.
 // No framework, no build step. uPlot (vendored) draws the charts.
+import { fmtBytes } from "./units.js";
+
 const API = "/api/v1";
 const main = document.getElementById("page");
 const kind = main.dataset.kind;
 const pageData = JSON.parse(main.dataset.page || "{}");
 const LIFECYCLE = ["submitted", "starting", "running", "reattached", "run_start", "restart", "stopping", "ended",
-  "lost", "requeued", "held", "released", "priority", "retry", "grow", "shrink", "shrunk", "stopped"];
-const TERMINAL = new Set(["SUCCEEDED", "FAILED", "STOPPED"]);
+  "lost", "requeued", "held", "released", "priority", "retry", "grow", "shrink", "shrunk", "stopped", "preempting",
+  "preempted"];
+// The job states, from the server (its JobState enum, in every page): no copy of their names here.
+const STATES = JSON.parse(main.dataset.states || "{}");
+const TERMINAL = new Set(STATES.terminal || []);
 
 async function api(method, path, body) {
   const init = { method, credentials: "same-origin", headers: {} };
@@ -121,9 +126,9 @@ function jobsPage() {
   const handlers = {};
   for (const name of LIFECYCLE) handlers[name] = onEvent;
   follow("/events", handlers);
-  // Running jobs' last metrics and durations move without lifecycle events.
+  // Running jobs' last metrics and durations move without lifecycle events (the server marks their rows).
   setInterval(() => {
-    document.querySelectorAll('#jobs tr[data-state="RUNNING"]').forEach((tr) => pending.add(Number(tr.id.slice(4))));
+    document.querySelectorAll("#jobs tr[data-live]").forEach((tr) => pending.add(Number(tr.id.slice(4))));
     if (pending.size && !scheduled) { scheduled = true; setTimeout(flush, 0); }
   }, 2000);
 }
@@ -131,6 +136,8 @@ function jobsPage() {
 // -- job page -----------------------------------------------------------------------------------------
 const PREFIXES = ["train_", "val_", "valid_", "validation_", "eval_", "test_", "train/", "val/", "valid/", "eval/", "test/"];
 const SUFFIXES = ["_train", "_val", "_valid", "_eval", "_test"];
+// Metrics that count reports (the x axis already does): no chart of their own.
+const COUNTERS = new Set(["step", "training_iteration"]);
 const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#ca8a04"];
 
 function groupOf(key) {
@@ -252,7 +259,11 @@ class Charts {
 
   groups() {
     const groups = new Map();
-    for (const key of [...this.series.keys()].sort()) {
+    // A reported step counter would be charted against the x axis, itself the report index: a
+    // diagonal line. It is left out (unless it is all there is).
+    const keys = [...this.series.keys()].sort();
+    const measured = keys.filter((k) => !COUNTERS.has(k));
+    for (const key of measured.length ? measured : keys) {
       const g = groupOf(key);
       if (!groups.has(g)) groups.set(g, []);
       groups.get(g).push(key);
@@ -491,14 +502,6 @@ async function loadEvents() {
   }));
 }
 
-function bytes(n) {
-  if (n === null || n === undefined) return "—";
-  const units = ["B", "KB", "MB", "GB", "TB"];
-  let i = 0;
-  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
-  return `${i ? n.toFixed(1) : n} ${units[i]}`;
-}
-
 // The command that resumes from a checkpoint: a trainer or function job is retried from it by the
 // server; a script builds its own trainer, so the line to put in it.
 function resumeCommand(job, path) {
@@ -514,7 +517,7 @@ async function loadCheckpoints() {
   body.replaceChildren(...checkpoints.map((c) => {
     const tr = document.createElement("tr");
     const metrics = Object.entries(c.metrics || {}).slice(0, 6).map(([k, v]) => `${k}=${v}`).join(" ");
-    for (const text of [c.index, metrics, bytes(c.size), c.checkpoint]) {
+    for (const text of [c.index, metrics, fmtBytes(c.size), c.checkpoint]) {
       const td = document.createElement("td");
       td.textContent = text;
       tr.appendChild(td);
@@ -540,8 +543,6 @@ async function loadCheckpoints() {
   }));
 }
 
-const GiB = 2 ** 30;
-
 async function loadUsage() {
   const id = pageData.job.id;
   const usage = await api("GET", `/jobs/${id}/usage`);
@@ -550,8 +551,8 @@ async function loadUsage() {
   const body = document.getElementById("usage");
   body.replaceChildren(...usage.processes.map((p) => {
     const tr = document.createElement("tr");
-    const cells = [p.role, p.pid, `${p.cpu_percent.toFixed(0)}%`, `${(p.rss / GiB).toFixed(2)} GiB`, p.threads,
-      p.gpu_memory === undefined ? "—" : `${(p.gpu_memory / GiB).toFixed(2)} GiB`,
+    const cells = [p.role, p.pid, `${p.cpu_percent.toFixed(0)}%`, fmtBytes(p.rss), p.threads,
+      p.gpu_memory === undefined ? "—" : fmtBytes(p.gpu_memory),
       p.gpu_util === undefined ? "—" : `${p.gpu_util.toFixed(0)}%`];
     for (const text of cells) {
       const td = document.createElement("td");
@@ -651,13 +652,23 @@ function jobPage() {
 
 // -- compare page -------------------------------------------------------------------------------------
 // One metric of several jobs on one chart (x: the step index), each job coloured by the value of the
-// grouping key, so jobs that share a value share a colour; running jobs refresh every 3 s.
-function comparePage() {
+// grouping key (the experiments page's colour scales: a colour per value for a few, a continuous scale
+// with rounded ends for a numeric key of many values), so jobs that share a value share a colour; a
+// job's own legend entry only when there are few; running jobs refresh every 3 s.
+const COMPARE_LEGEND_MAX = 10;
+
+async function comparePage() {
   const box = document.getElementById("compare");
   if (!box) return;
+  const [{ colorScale }, { short }] = await Promise.all([import("./expcharts.js"), import("./parcoords.js")]);
   const { jobs, metric, group } = pageData;
-  const values = [...new Set(jobs.map((j) => j.group))];
-  const colorOf = (j) => COLORS[values.indexOf(j.group) % COLORS.length];
+  const scale = colorScale(jobs.map((j) => j.value));
+  const colorOf = (j) => scale.color(j.value);
+  const valueText = (v) => (typeof v === "number" ? short(v) : String(v ?? "—"));
+  const legendBox = document.getElementById("compare-legend");
+  if (legendBox && group) scale.legend(legendBox);
+  const perJob = !scale.continuous && jobs.length <= COMPARE_LEGEND_MAX;
+  const hover = document.getElementById("compare-hover");
   let plot = null;
   let log = false;
   const draw = async () => {
@@ -668,15 +679,18 @@ function comparePage() {
     }));
     const data = uPlot.join(tables);
     const series = [{ label: "step" }, ...jobs.map((j) => ({
-      label: `job ${j.id}${group ? ` · ${group}=${j.group}` : ""}`, stroke: colorOf(j), width: 1.5, spanGaps: true,
+      label: `job ${j.id}${group ? ` · ${group}=${valueText(j.value)}` : ""}`, stroke: colorOf(j), width: 1.5, spanGaps: true,
     }))];
     if (!plot) {
       const width = Math.max(320, Math.min(1000, box.clientWidth - 16));
       plot = new uPlot({
         width, height: 320, series, scales: { x: { time: false }, y: log ? { distr: 3 } : {} },
-        axes: [{}, { size: 60 }], cursor: { drag: { x: true, y: false } }, legend: { live: true },
+        axes: [{}, { size: 60 }], cursor: { drag: { x: true, y: false }, focus: { prox: 16 } },
+        legend: { show: perJob, live: true }, focus: { alpha: 0.3 },
+        hooks: { setSeries: [(u, i) => { if (hover) hover.textContent = i ? u.series[i].label : ""; }] },
       }, data, box);
       box.dataset.jobs = String(jobs.length);
+      box.dataset.legend = perJob ? "jobs" : scale.continuous ? "continuous" : "values";
     } else {
       plot.setData(data, true);
     }

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-from trainforge._internal.session import get_context, report
+from trainforge import get_context, report
 from trainforge.tensorflow._checkpoint import TensorflowCheckpoint
 from trainforge.tensorflow._env import import_tf_keras
 
@@ -91,6 +91,9 @@ class ReportCheckpointCallback(_KerasCallback):  # type: ignore[misc]
         _check_metrics(metrics)
         self._metrics = metrics
         self._epoch = 0
+        # Files to write beside the model in each checkpoint (the model object's model.json, so that a
+        # checkpoint of ModelTrainer(a KerasModel) is a model directory): set by that trainer's loop.
+        self._model_files: Any = None
 
     # -- Keras hooks ----------------------------------------------------------------------------
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -118,6 +121,8 @@ class ReportCheckpointCallback(_KerasCallback):  # type: ignore[misc]
             return
         checkpoint = TensorflowCheckpoint.from_model(self.model)  # on every rank: a collective
         try:
+            if self._model_files is not None:
+                self._model_files(checkpoint.path)
             checkpoint.update_metadata(position)
             report(metrics, checkpoint=checkpoint if get_context().get_world_rank() == 0 else None)
         finally:

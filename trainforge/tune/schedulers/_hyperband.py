@@ -90,6 +90,9 @@ class ASHAScheduler(PrunerScheduler):
             for s in range(self._brackets)
         ]
 
+    def _rung_at(self, rung: int, bracket: int) -> float | None:
+        return float(self._grace_period * self._rf ** (bracket + rung))
+
     def _choose_bracket(self, counts: list[int]) -> int:
         # Ray's bracket weights: softmax of each bracket's number of rungs.
         total = math.log(self._max_t / self._grace_period) / math.log(self._rf)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import Any
 
 from trainforge.tune.schedulers._scheduler import (
     TrialScheduler,
     from_json_float,
-    lookup,
-    number,
     score,
     to_json_float,
 )
@@ -69,16 +68,16 @@ class MedianStoppingRule(TrialScheduler):
         self._min_time_slice = min_time_slice
         self._results: dict[str, list[tuple[float, float]]] = {}  # trial -> [(time, score)]
         self._stopped: set[str] = set()
+        self._why: dict[str, dict[str, Any]] = {}  # trial -> why it was stopped (not in the state: for dashboards)
 
     def on_trial_result(self, trial_id: str, result: dict) -> str:
         self._require_metric()
         if trial_id in self._stopped:
             return self.STOP
-        owner, metric = type(self).__name__, str(self._metric)
-        t = number(result.get(self._time_attr), owner, self._time_attr)
-        value = number(lookup(result, metric), owner, metric)
-        if t is None or value is None:
+        observed = self._observe(result, self._time_attr)
+        if observed is None:
             return self.CONTINUE
+        t, value = observed
         history = self._results.setdefault(trial_id, [])
         history.append((t, score(value, self._mode)))
         if t < self._grace_period:
@@ -93,8 +92,14 @@ class MedianStoppingRule(TrialScheduler):
             return self.CONTINUE
         if max(s for _, s in history) < statistics.median(means):
             self._stopped.add(trial_id)
+            self._why[trial_id] = {"kind": "pruned", "rule": type(self).__name__, "time_attr": self._time_attr, "at": t,
+                                   "text": f"{type(self).__name__} stopped it at {self._time_attr} {t:g}: its best "
+                                   f"was worse than the median of {len(means)} other trials' running means"}  # fmt: skip
             return self.STOP
         return self.CONTINUE
+
+    def explain(self, trial_id: str) -> dict[str, Any]:
+        return dict(self._why.get(trial_id, {}))
 
     def _running_mean(self, results: list[tuple[float, float]], t: float) -> float | None:
         scores = [s for time, s in results if self._grace_period <= time <= t]

@@ -27,8 +27,6 @@ from typing import TYPE_CHECKING, Any
 from trainforge.tune.schedulers._scheduler import (
     TrialScheduler,
     from_json_float,
-    lookup,
-    number,
     to_json_float,
 )
 
@@ -61,6 +59,7 @@ class _Tracked:
     last_value: float | None = None
     done: bool = False
     stopped: bool = False
+    ended: tuple[str, float] | None = None  # how the scheduler ended it ("pruned"/"max_t") and at which time
 
 
 class PrunerScheduler(TrialScheduler):
@@ -89,6 +88,10 @@ class PrunerScheduler(TrialScheduler):
         """The bracket of the next trial, given how many trials each bracket has (deterministic)."""
         return 0
 
+    def _rung_at(self, rung: int, bracket: int) -> float | None:
+        """Where rung ``rung`` of bracket ``bracket`` sits, in ``time_attr`` units (None: unknown)."""
+        return None
+
     # -- the interface --------------------------------------------------------------------------
     def on_trial_add(self, trial_id: str, config: dict) -> None:
         if trial_id in self._trials:
@@ -108,11 +111,10 @@ class PrunerScheduler(TrialScheduler):
         tracked = self._trials[trial_id]
         if tracked.stopped:
             return self.STOP
-        owner, metric = type(self).__name__, str(self._metric)
-        t = number(result.get(self._time_attr), owner, self._time_attr)
-        value = number(lookup(result, metric), owner, metric)
-        if t is None or value is None:
+        observed = self._observe(result, self._time_attr)
+        if observed is None:
             return self.CONTINUE
+        t, value = observed
         step = self._step(t)
         if t >= self._max_t:  # the trial is finished, whatever the pruner would say
             self._events.append(["result", trial_id, to_json_float(t), to_json_float(value)])
@@ -121,6 +123,7 @@ class PrunerScheduler(TrialScheduler):
                     tracked.trial.report(value, step)
                     tracked.last_value = value
                 self._finish(tracked, "complete")
+                tracked.ended = ("max_t", t)
             tracked.stopped = True
             return self.STOP
         if tracked.done or step <= tracked.last_step:
@@ -130,8 +133,27 @@ class PrunerScheduler(TrialScheduler):
         tracked.last_step, tracked.last_value = step, value
         if tracked.trial.should_prune():
             self._finish(tracked, "pruned")
+            tracked.ended = ("pruned", t)
             return self.STOP
         return self.CONTINUE
+
+    def explain(self, trial_id: str) -> dict[str, Any]:
+        tracked = self._trials.get(trial_id)
+        if tracked is None or tracked.ended is None:
+            return {}
+        how, t = tracked.ended
+        out: dict[str, Any] = {"kind": how, "rule": type(self).__name__, "time_attr": self._time_attr, "at": t}
+        if how == "max_t":
+            return {**out, "text": f"{type(self).__name__}: reached max_t={self._max_t:g} ({self._time_attr} {t:g})"}
+        frozen = tracked.study.get_trials(deepcopy=False)[tracked.trial.number]
+        rungs = [int(k.rpartition("_")[2]) for k in frozen.system_attrs if k.startswith("completed_rung_")]
+        if not rungs:
+            return out
+        rung = max(rungs)
+        rung_at = self._rung_at(rung, self._studies.index(tracked.study))
+        where = f"{self._time_attr} {rung_at:g}" if rung_at is not None else f"{self._time_attr} {t:g}"
+        text = f"{type(self).__name__} stopped it at rung {rung} ({where}): not in the top of the trials there"
+        return {**out, "rung": rung, "rung_at": rung_at, "text": text}
 
     def on_trial_complete(self, trial_id: str, result: dict | None) -> None:
         self._end(trial_id, "complete")

@@ -103,6 +103,14 @@ class TrialScheduler:
                 f"set `metric`/`mode` on {name}(...) or on TuneConfig(metric=..., mode=...)."
             )
 
+    def _observe(self, result: dict, time_attr: str) -> tuple[float, float] | None:
+        """The result's time (``time_attr``) and metric value, both numbers, or None when either is
+        missing (a result that reports something else); a non-number raises naming the key."""
+        owner, metric = type(self).__name__, str(self._metric)
+        t = number(result.get(time_attr), owner, time_attr)
+        value = number(lookup(result, metric), owner, metric)
+        return None if t is None or value is None else (t, value)
+
     def on_trial_add(self, trial_id: str, config: dict) -> None:
         """A new trial with this config is about to start."""
 
@@ -112,6 +120,12 @@ class TrialScheduler:
 
     def on_trial_checkpoint(self, trial_id: str) -> None:
         """The report about to be passed to ``on_trial_result`` carried a (persisted) checkpoint."""
+
+    def explain(self, trial_id: str) -> dict[str, Any]:
+        """Why the latest ``STOP`` of this trial, as data for a dashboard: ``kind`` ("pruned": stopped
+        early; "max_t": its budget is used up), ``rule``, and where (``time_attr``, ``at``, ``rung``,
+        ``rung_at``) when the scheduler knows; ``{}`` when it has nothing to add."""
+        return {}
 
     def on_trial_complete(self, trial_id: str, result: dict | None) -> None:
         """The trial ended without an error; ``result`` is its last result (already seen), or None."""

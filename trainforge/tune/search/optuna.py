@@ -58,25 +58,14 @@ picks one, which the state remembers.
 
 from __future__ import annotations
 
-import copy
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from trainforge.tune._sample import Categorical, Domain, Float, Function, Integer, Normal
-from trainforge.tune._variants import (
-    Path,
-    format_path,
-    grid_axes,
-    grid_point,
-    has_unresolved,
-    is_grid,
-    point_overrides,
-    set_path,
-    validate_param_space,
-)
+from trainforge.tune._variants import Path, grid_point, point_overrides, validate_param_space
+from trainforge.tune.search._optuna_space import OptunaSpace
 from trainforge.tune.search._searcher import PRUNED_RESULT_KEY, Searcher
 
 __all__ = ["OptunaSearch"]
@@ -84,8 +73,6 @@ __all__ = ["OptunaSearch"]
 logger = logging.getLogger(__name__)
 
 TRIAL_ID_ATTR = "trainforge_trial_id"
-_PRIMITIVES = (str, int, float, type(None))
-_Converted = tuple[Any, Callable[[Any], Any], Callable[[Any], Any]]  # distribution, decode, encode
 
 
 def _import_optuna() -> ModuleType:
@@ -96,115 +83,6 @@ def _import_optuna() -> ModuleType:
             'OptunaSearch needs Optuna, which is not installed: pip install "trainforge[tune]"'
         ) from exc
     return optuna
-
-
-@dataclass
-class _Param:
-    """One Optuna parameter: its name, config path, distribution and value mapping."""
-
-    name: str
-    path: Path
-    distribution: Any
-    decode: Callable[[Any], Any]  # Optuna's value -> the config's
-    encode: Callable[[Any], Any]  # a config value (a point's, a grid value) -> Optuna's
-
-
-def _categorical(optuna: ModuleType, values: list[Any], where: str) -> _Converted:
-    plain = all(isinstance(v, _PRIMITIVES) for v in values)
-    mixed = any(isinstance(v, bool) for v in values) and any(not isinstance(v, bool) for v in values)
-    by_index = not plain or mixed
-    choices: tuple[Any, ...] = tuple(range(len(values))) if by_index else tuple(values)
-
-    def encode(value: Any) -> Any:
-        for i, v in enumerate(values):
-            if isinstance(v, bool) == isinstance(value, bool) and v == value:
-                return choices[i]
-        raise ValueError(f"{where}: {value!r} is not one of {values!r}")
-
-    def decode(choice: Any) -> Any:
-        return copy.deepcopy(values[choice]) if by_index else choice
-
-    return optuna.distributions.CategoricalDistribution(choices), decode, encode
-
-
-def _convert(optuna: ModuleType, domain: Domain, where: str) -> _Converted:
-    dists = optuna.distributions
-    if isinstance(domain, Float):
-        low, high = domain.bounds()
-        step = domain.q if domain.q is not None and not domain.log else None
-        return dists.FloatDistribution(low, high, log=domain.log, step=step), domain.quantize, float
-    if isinstance(domain, Integer):
-        low, high = domain.bounds()
-        step = 1 if domain.log else domain.q or 1
-        return dists.IntDistribution(low, high, log=domain.log, step=step), domain.quantize, int
-    if isinstance(domain, Categorical):
-        return _categorical(optuna, list(domain.categories), where)
-    if isinstance(domain, Normal):
-        why = "Optuna has no normal distribution; use tune.uniform or tune.quniform over a range"
-    elif isinstance(domain, Function):
-        why = (
-            "a sample_from value is computed by your function, which an Optuna sampler cannot model; "
-            "compute it from config inside the trainable"
-        )
-    else:
-        why = f"it is a {type(domain).__name__}, which has no Optuna distribution"
-    raise ValueError(f"OptunaSearch cannot search {where} = {domain!r}: {why} (or use the default searcher)")
-
-
-class _Space:
-    """A search space converted for Optuna: parameters by name, the constants, the grid axes."""
-
-    def __init__(self, optuna: ModuleType, space: Mapping[str, Any], root: str):
-        self.params: dict[str, _Param] = {}
-        self.axes = grid_axes(space)
-        self.template = self._walk(optuna, dict(space), (), root)
-        self.distributions = {name: p.distribution for name, p in self.params.items()}
-        self.by_path = {p.path: p for p in self.params.values()}
-
-    def _walk(self, optuna: ModuleType, node: Any, path: Path, root: str) -> Any:
-        where = format_path(path, root)
-        if is_grid(node):
-            converted: _Converted = _categorical(optuna, list(node["grid_search"]), where)
-        elif isinstance(node, optuna.distributions.BaseDistribution):
-            converted = (node, lambda v: v, lambda v: v)
-        elif isinstance(node, Domain):
-            converted = _convert(optuna, node, where)
-        elif isinstance(node, dict):
-            return {key: self._walk(optuna, value, (*path, key), root) for key, value in node.items()}
-        elif isinstance(node, list) and has_unresolved(node):
-            raise ValueError(f"OptunaSearch: {where} holds a search space inside a list; use a dict")
-        else:
-            return copy.deepcopy(node)
-        name = "/".join(str(k) for k in path)
-        if name in self.params:
-            raise ValueError(
-                f"OptunaSearch: {where} and another key both flatten to the parameter name {name!r}"
-            )
-        self.params[name] = _Param(name, path, *converted)
-        return None
-
-    def fixed(self, overrides: list[tuple[Path, Any]], where: str) -> dict[str, Any]:
-        """The Optuna values a point's overrides fix (checked: a categorical value must be a category)."""
-        out = {}
-        for path, value in overrides:
-            param = self.by_path.get(path)
-            if param is not None:
-                out[param.name] = param.encode(value)
-            elif any(p[: len(path)] == path for p in self.by_path):
-                raise ValueError(
-                    f"{where} replaces {format_path(path, 'config')}, a dict of search parameters; "
-                    "give values for its keys instead"
-                )
-        return out
-
-    def config(self, params: Mapping[str, Any], overrides: list[tuple[Path, Any]]) -> dict[str, Any]:
-        config = copy.deepcopy(self.template)
-        for name, param in self.params.items():
-            if name in params:
-                set_path(config, param.path, param.decode(params[name]))
-        for path, value in overrides:
-            set_path(config, path, copy.deepcopy(value))
-        return config
 
 
 @dataclass
@@ -262,7 +140,7 @@ class OptunaSearch(Searcher):
         self._storage = storage
         self._study_name = study_name
         self._study: Any = None
-        self._converted: _Space | None = None
+        self._converted: OptunaSpace | None = None
         self._overrides: list[list[tuple[Path, Any]]] = []
         self._fixed_points: list[dict[str, Any]] = []
         self._next = 0
@@ -277,7 +155,7 @@ class OptunaSearch(Searcher):
 
     def _adopt(self, space: Mapping[str, Any], root: str) -> None:
         validate_param_space(space, root, allow_optuna=True)
-        converted = _Space(self._optuna, space, root)
+        converted = OptunaSpace(self._optuna, space, root)
         self._overrides, self._fixed_points = [], []
         for i, point in enumerate(self._points):
             where = f"points_to_evaluate[{i}]"
@@ -309,7 +187,7 @@ class OptunaSearch(Searcher):
         runs = 0 if self._rewards is not None else len(self._points)
         return max(runs, grid * self._num_samples)
 
-    def _require(self) -> _Space:
+    def _require(self) -> OptunaSpace:
         if self._converted is None:
             raise RuntimeError(
                 "OptunaSearch has no search space: pass space=... or let the tuner call "
@@ -502,7 +380,7 @@ class OptunaSearch(Searcher):
             else:
                 study.sampler.reseed_rng()
 
-    def _frozen(self, optuna: ModuleType, tid: str, record: _Trial, space: _Space) -> Any:
+    def _frozen(self, optuna: ModuleType, tid: str, record: _Trial, space: OptunaSpace) -> Any:
         params, dists = {}, {}
         for name, value in record.params.items():
             dist = space.distributions[name]

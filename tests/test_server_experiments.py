@@ -1,0 +1,271 @@
+"""The Experiments API in-process (``trainforge.server._experiments``): the runner-less server of
+test_server_api.py (``Api``: no job process starts; a "running" job runs until stopped), with trial jobs
+tagged as Tune tags them and their events files written here as a trial's run writes them.
+
+What is checked: trial jobs become an experiment with each trial's numbers; a stop decision ends a
+trial's reports where it was taken (its numbers, its curve and its job's chart); states and reasons;
+importance ranks the parameter the metric depends on (both evaluators) and is kept until a trial
+ends; imports; the live stream; the errors (404, 409, 422).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from test_server_api import Api, P, read_sse  # noqa: E402
+
+from trainforge.server._experiments import trial_state  # noqa: E402
+from trainforge.server._runner import EVENTS_FILE  # noqa: E402
+from trainforge.server._state import JobState  # noqa: E402
+
+SPACE = {"x": {"kind": "float", "low": 0.0, "high": 1.0}, "lr": {"kind": "float", "low": 1e-4, "high": 1e-1, "log": True}}
+TAG = {"path": "/runs/asha", "name": "asha", "metric": "loss", "mode": "min", "searcher": "BasicVariantGenerator",
+       "scheduler": "ASHAScheduler", "space": SPACE}  # fmt: skip
+
+
+@pytest.fixture
+def api(tmp_path):
+    made = Api(str(tmp_path / "state"), {"CPU": 64.0})
+    yield made
+    made.close()
+
+
+def _trial(api: Api, trial_id: str, config: dict, losses: list[float], *, tag: dict | None = None) -> int:
+    """A trial job of the experiment ``tag`` that reported ``losses`` (its events file, as a run writes it)."""
+    job = api.submit(name=f"asha/objective_{trial_id}", config=config, experiment={**(tag or TAG), "trial_id": trial_id})
+    _report(api, job["id"], losses)
+    return int(job["id"])
+
+
+def _report(api: Api, job_id: int, losses: list[float], start: int = 0) -> None:
+    path = os.path.join(api.service.job_dir(job_id), EVENTS_FILE)
+    with open(path, "a") as f:
+        for i, loss in enumerate(losses, start):
+            f.write(json.dumps({"type": "report", "index": i, "t": 1000.0 + i, "metrics": {"loss": loss, "step": i}}) + "\n")
+    api.service.store.update(job_id, events_offset=os.path.getsize(path))  # as the server's tailer does
+
+
+def _decide(api: Api, job_id: int, **decision) -> dict:
+    r = api.post(f"{P}/jobs/{job_id}/decisions", json=decision)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def _trials(api: Api, experiment: int = 1) -> dict[str, dict]:
+    r = api.get(f"{P}/experiments/{experiment}/trials")
+    assert r.status_code == 200, r.text
+    return {t["trial_id"]: t for t in r.json()["trials"]}
+
+
+def test_trial_jobs_make_one_experiment_with_each_trials_numbers(api):
+    a = _trial(api, "a", {"x": 0.1, "lr": 0.01, "seed": 1}, [1.0, 0.8, 0.6])
+    b = _trial(api, "b", {"x": 0.9, "lr": 0.001, "seed": 1}, [1.2, 0.3, 0.5])
+    api.submit(name="not-a-trial", hold=True)
+    (listed,) = api.get(f"{P}/experiments").json()["experiments"]
+    assert (listed["name"], listed["source"], listed["metric"], listed["mode"]) == ("asha", "server", "loss", "min")
+    assert listed["trials"] == 2 and listed["counts"] == {"running": 2} and listed["live"]
+    assert listed["best"]["trial_id"] == "b" and listed["best"]["value"] == 0.5 and listed["best"]["job"] == b
+    body = api.get(f"{P}/experiments/1/trials").json()
+    assert body["params"] == ["x", "lr", "seed"]  # the search space's first
+    t = {x["trial_id"]: x for x in body["trials"]}
+    assert (t["a"]["iterations"], t["a"]["last"], t["a"]["best"], t["a"]["best_at"]) == (3, 0.6, 0.6, 3)
+    assert (t["b"]["last"], t["b"]["best"], t["b"]["best_at"], t["b"]["job"]) == (0.5, 0.3, 2, b)
+    assert t["a"]["name"] == "objective_a" and t["a"]["config"] == {"x": 0.1, "lr": 0.01, "seed": 1}
+    _report(api, a, [0.1], start=3)  # a report more: the next read counts it in
+    assert _trials(api)["a"]["iterations"] == 4 and _trials(api)["a"]["last"] == 0.1
+    for job in (a, b):
+        api.post(f"{P}/jobs/{job}/stop")
+    ended = api.get(f"{P}/experiments/1").json()
+    assert ended["counts"] == {"stopped": 2} and not ended["live"] and ended["ended_at"] is not None
+    assert _trials(api)["a"]["reason"]["kind"] == "stopped"  # stopped on the server, not by the tuner
+    history = api.get(f"{P}/experiments/1/history").json()["points"]
+    assert [p["n"] for p in history] == [1, 2] and history[-1]["best"] == 0.1
+
+
+def test_a_stop_decision_ends_the_trial_and_its_job_chart_where_it_was_taken(api):
+    """The job ran on after the tuner's decision at iteration 2 (5 reports): the trial's numbers, its
+    curve and the job's own chart end at iteration 2, and its job's events say why."""
+    job = _trial(api, "p", {"x": 0.5, "lr": 0.01}, [1.0, 0.9, 0.1, 0.05, 0.01])
+    assert _trials(api)["p"]["iterations"] == 5  # counted before the decision came
+    out = _decide(api, job, kind="pruned", iteration=2, rule="ASHAScheduler", rung=1, rung_at=2.0, value=0.9)
+    assert out["detail"]["text"] == "ASHAScheduler stopped it at rung 1 (training_iteration 2)"
+    trial = _trials(api)["p"]
+    assert (trial["iterations"], trial["last"], trial["best"], trial["state"]) == (2, 0.9, 0.9, "running")
+    api.post(f"{P}/jobs/{job}/stop")
+    trial = _trials(api)["p"]
+    assert trial["state"] == "pruned" and trial["reason"]["rung"] == 1 and trial["reason"]["iteration"] == 2
+    curve = api.get(f"{P}/experiments/1/curves").json()
+    assert curve["metric"] == "loss" and sorted(curve["metrics"]) == ["loss", "step"]
+    assert curve["trials"]["p"]["i"] == [1, 2] and curve["trials"]["p"]["v"] == [1.0, 0.9] and curve["trials"]["p"]["cut"] == 2
+    series = api.get(f"{P}/jobs/{job}/series").json()  # the compare page and the job page tell the same story
+    assert series["series"]["loss"]["i"] == [0, 1]
+    events = [e for e in api.get(f"{P}/jobs/{job}/events").json() if e["type"] == "tune_decision"]
+    assert events[0]["payload"]["kind"] == "pruned" and events[0]["payload"]["trial_id"] == "p"
+    (decision,) = api.get(f"{P}/experiments/1/decisions").json()
+    assert (decision["trial_id"], decision["kind"], decision["iteration"], decision["job_id"]) == ("p", "pruned", 2, job)
+
+
+def test_an_exploited_trial_goes_on_in_a_new_job_and_its_curve_joins_both(api):
+    """PBT: the tuner exploits at iteration 2 (its first job ran on to 3 reports), and the trial goes on
+    in a new job with a new config; its iterations count on from 2."""
+    first = _trial(api, "pbt", {"lr": 0.1}, [1.0, 0.8, 0.7])
+    _decide(api, first, kind="exploit", iteration=2, source_trial="other", rule="PopulationBasedTraining")
+    api.post(f"{P}/jobs/{first}/stop")
+    waiting = _trials(api)["pbt"]
+    assert waiting["state"] == "queued" and "exploited trial other" in waiting["reason"]["text"]
+    second = _trial(api, "pbt", {"lr": 0.05}, [0.6, 0.5])
+    t = _trials(api)["pbt"]
+    assert (t["jobs"], t["job"], t["config"], t["iterations"], t["last"], t["best"]) == ([first, second], second,
+                                                                                       {"lr": 0.05}, 4, 0.5, 0.5)  # fmt: skip
+    assert t["state"] == "running" and t["reason"] is None
+    curve = api.get(f"{P}/experiments/1/curves").json()["trials"]["pbt"]
+    assert curve["i"] == [1, 2, 3, 4] and curve["v"] == [1.0, 0.8, 0.6, 0.5]
+    assert api.get(f"{P}/jobs/{first}/series").json()["series"]["loss"]["i"] == [0, 1]  # the earlier job, cut too
+
+
+@pytest.mark.parametrize(("job_state", "kind", "expected"), [
+    (JobState.QUEUED, None, "queued"), (JobState.RUNNING, "pruned", "running"), (JobState.SUCCEEDED, None, "completed"),
+    (JobState.STOPPED, "pruned", "pruned"), (JobState.STOPPED, "max_t", "completed"), (JobState.STOPPED, "stopper", "completed"),
+    (JobState.STOPPED, "exploit", "queued"), (JobState.STOPPED, None, "stopped"), (JobState.FAILED, None, "errored"),
+    (JobState.SUCCEEDED, "error", "errored"), (JobState.STOPPED, "interrupted", "stopped"), (JobState.LOST, None, "queued"),
+])  # fmt: skip
+def test_a_trials_state_comes_from_its_job_and_the_tuners_decision(job_state, kind, expected):
+    assert trial_state(job_state, {"kind": kind} if kind else None) == expected
+
+
+def test_decisions_need_a_trial_job_and_a_valid_body(api):
+    plain = api.submit(name="plain", hold=True)["id"]
+    r = api.post(f"{P}/jobs/{plain}/decisions", json={"kind": "pruned", "iteration": 1})
+    assert r.status_code == 409 and "not a trial" in r.json()["detail"]
+    assert api.post(f"{P}/jobs/999/decisions", json={"kind": "pruned"}).status_code == 404
+    job = _trial(api, "t", {"x": 0.5}, [1.0])
+    r = api.post(f"{P}/jobs/{job}/decisions", json={"kind": "paused", "iteration": 1})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "kind"]
+    r = api.post(f"{P}/jobs/{job}/decisions", json={"kind": "pruned", "surprise": 1})
+    assert r.status_code == 422
+    assert api.get(f"{P}/experiments/7").status_code == 404
+    assert api.get(f"{P}/experiments/7/stream").status_code == 404
+    assert api.get(f"{P}/experiments/1/importance?evaluator=random_forest").status_code == 422
+
+
+@pytest.mark.slow  # Optuna's and scikit-learn's imports, and 16 trials' worth of requests
+def test_importance_ranks_the_parameter_the_metric_depends_on_and_is_kept_until_a_trial_ends(api):
+    rng = random.Random(0)
+    for i in range(16):
+        x, dummy = i / 15, rng.random()
+        job = _trial(api, f"t{i:02d}", {"x": x, "dummy": dummy, "const": 3}, [2.0, (x - 0.3) ** 2])
+        _decide(api, job, kind="max_t", iteration=2)  # ASHA: its budget used up (a completed trial)
+        api.post(f"{P}/jobs/{job}/stop")
+    results = {}
+    for evaluator in ("ped_anova", "fanova"):
+        r = api.get(f"{P}/experiments/1/importance", params={"evaluator": evaluator})
+        assert r.status_code == 200, r.text
+        imp = r.json()
+        assert imp["evaluator"] == evaluator and imp["trials"] == 16 and not imp["cached"]
+        assert list(imp["importances"]) == ["x", "dummy"], imp  # most important first
+        assert imp["importances"]["x"] > imp["importances"]["dummy"]
+        assert all(type(v) is float for v in imp["importances"].values())
+        assert imp["skipped"] == {"const": "the same value in every trial"}
+        results[evaluator] = imp
+    again = api.get(f"{P}/experiments/1/importance").json()  # ped_anova, the default
+    assert again["cached"] and again["importances"] == results["ped_anova"]["importances"]
+    job = _trial(api, "t16", {"x": 0.3, "dummy": 0.5, "const": 3}, [0.0])
+    assert api.get(f"{P}/experiments/1/importance").json()["cached"]  # a running trial changes nothing
+    _decide(api, job, kind="max_t", iteration=1)
+    api.post(f"{P}/jobs/{job}/stop")
+    fresh = api.get(f"{P}/experiments/1/importance").json()
+    assert not fresh["cached"] and fresh["trials"] == 17
+
+
+def test_importance_with_too_few_trials_says_so(api):
+    _trial(api, "only", {"x": 0.1}, [1.0])
+    imp = api.get(f"{P}/experiments/1/importance").json()
+    assert imp["importances"] == {} and imp["trials"] == 0 and "at least 3" in imp["notes"][0]
+
+
+def _imported(path: str = "/runs/local", **extra) -> dict:
+    trials = [
+        {"trial_id": "a", "name": "objective_a", "config": {"x": 0.1}, "status": "TERMINATED",
+         "metrics": {"loss": 0.2, "training_iteration": 4}, "history": {"loss": [[1, None, 1.0], [2, None, 0.5], [3, None, 0.3], [4, None, 0.2]]},
+         "decisions": [{"kind": "max_t", "iteration": 4, "rule": "ASHAScheduler"}], "checkpoint": "/runs/local/a/checkpoint_000003"},
+        {"trial_id": "b", "name": "objective_b", "config": {"x": 1.0}, "status": "TERMINATED", "pruned": True,
+         "metrics": {"loss": 1.5, "training_iteration": 1}, "history": {"loss": [[1, None, 1.5], [2, None, 1.4], [3, None, 1.3]]}},
+        {"trial_id": "c", "name": "objective_c", "config": {"x": 0.5}, "status": "ERROR", "error": "Traceback...\nValueError: boom"},
+        {"trial_id": "d", "name": "objective_d", "config": {"x": 0.7}, "status": "RUNNING"},
+    ]  # fmt: skip
+    return {"path": path, "name": "local", "metric": "loss", "mode": "min", "scheduler": "ASHAScheduler",
+            "trials": trials, **extra}  # fmt: skip
+
+
+def test_an_imported_experiment_is_a_snapshot_replaced_by_a_new_import(api):
+    r = api.post(f"{P}/experiments/import", json=_imported())
+    assert r.status_code == 201, r.text
+    e = r.json()
+    assert (e["source"], e["trials"], e["live"]) == ("import", 4, False)
+    assert e["counts"] == {"completed": 1, "pruned": 1, "errored": 1, "stopped": 1}
+    assert e["best"] == {"trial_id": "a", "value": 0.2, "job": None, "checkpoint": "/runs/local/a/checkpoint_000003",
+                         "config": {"x": 0.1}}  # fmt: skip
+    t = _trials(api, e["id"])
+    assert t["b"]["state"] == "pruned" and t["b"]["iterations"] == 1 and t["b"]["last"] == 1.5
+    assert t["c"]["reason"]["text"] == "error: ValueError: boom"
+    curves = api.get(f"{P}/experiments/{e['id']}/curves").json()["trials"]
+    assert curves["b"]["i"] == [1] and curves["b"]["cut"] == 1  # its run went on; the trial ended at its rung
+    assert curves["a"]["i"] == [1, 2, 3, 4]
+    body = _imported()
+    body["trials"] = body["trials"][:1]
+    again = api.post(f"{P}/experiments/import", json=body).json()
+    assert again["id"] == e["id"] and again["trials"] == 1
+    assert [d["trial_id"] for d in api.get(f"{P}/experiments/{e['id']}/decisions").json()] == ["a"]
+
+
+def test_importing_over_an_experiment_whose_trials_ran_here_is_409(api):
+    _trial(api, "a", {"x": 0.1}, [1.0])
+    r = api.post(f"{P}/experiments/import", json=_imported(path=TAG["path"]))
+    assert r.status_code == 409 and "/experiments/1" in r.json()["detail"]
+
+
+def test_the_stream_sends_changed_trials_and_ends_once_none_runs(api):
+    job = _trial(api, "live", {"x": 0.5}, [])
+    rev = api.get(f"{P}/experiments/1/trials").json()["rev"]
+    seen: list[tuple[str, dict]] = []
+
+    def on_event(event: dict[str, str]) -> None:
+        data = json.loads(event["data"])
+        seen.append((event["event"], data))
+        if event["event"] == "trial" and data["iterations"] == 0 and len(seen) == 1:
+            _report(api, job, [0.7])  # a report arrives: the stream sends the trial again
+        elif event["event"] == "trial" and data["iterations"] == 1 and data["state"] == "running":
+            api.service.stop(job)  # and once its job ends, nothing runs: the stream ends
+
+    reply = read_sse(api.app, f"{P}/experiments/1/stream", query={"after": rev - 1}, on_event=on_event)
+    assert reply.complete and reply.status == 200
+    kinds = [k for k, _ in seen]
+    assert kinds[-1] == "idle" and "experiment" in kinds
+    trials = [d for k, d in seen if k == "trial"]
+    assert [t["iterations"] for t in trials][:2] == [0, 1] and trials[-1]["state"] == "stopped"
+    ids = [int(e["id"]) for e in reply.events]
+    assert ids == sorted(ids)
+
+
+def test_curves_take_a_metric_and_thin_long_trials(api):
+    _trial(api, "long", {"x": 0.5}, [1 / (i + 1) for i in range(500)])
+    curves = api.get(f"{P}/experiments/1/curves", params={"metric": "step", "points": 10}).json()
+    c = curves["trials"]["long"]
+    assert curves["metric"] == "step" and len(c["i"]) == 10 and c["i"][0] == 1 and c["i"][-1] == 500 and c["v"][-1] == 499
+    assert c["t"][0] == 0.0 and c["t"][-1] == 499.0  # seconds since the trial's first report
+    assert api.get(f"{P}/experiments/1/curves", params={"points": 1}).status_code == 422
+    assert api.get(f"{P}/experiments/1/curves", params={"metric": "nope"}).json()["trials"]["long"]["v"] == [None] * 200
+
+
+def test_the_pages_render_a_trial_table_and_say_what_is_missing(api):
+    _trial(api, "a", {"x": 0.1, "lr": 0.01}, [1.0, 0.5])
+    page = api.get("/experiments/1")
+    assert page.status_code == 200 and 'id="trial-a"' in page.text and "/static/experiments.js" in page.text
+    assert "Experiments" in api.get("/experiments").text and 'id="experiment-1"' in api.get("/experiments/rows").text
+    assert "No experiment 5" in api.get("/experiments/5").text

@@ -1,0 +1,271 @@
+"""The users of a train server a team shares: who may sign in, as which role, with which token.
+
+Roles (what each may do: :mod:`trainforge.server._routes.access`):
+
+- ``admin``: everything, including the users themselves. The state directory's token (``<state-dir>/token``,
+  the single-user default) signs in as the built-in user ``admin``.
+- ``member``: reads everything; submits jobs and changes (stop, hold, priority, retry, delete) only
+  their own; registers models and moves aliases.
+- ``viewer``: reads everything, changes nothing.
+
+The scrape token (``<state-dir>/scrape_token``) signs in as ``scraper``, which may only read
+``/metrics``.
+
+A user's token is ``tfu.<key id>.<secret>``: the key id finds the user's row; the secret is stored
+only as ``sha256(salt + secret)`` with a salt of the user's own, and compared in constant time. The
+token is shown once, when the user is added or their token rotated; losing it means rotating it.
+(The secret is 256 random bits, so one salted SHA-256 is enough: a slow hash guards guessable
+passwords, not random keys, and authentication runs on every request.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from trainforge.server._store import JobStore
+
+Role = Literal["admin", "member", "viewer"]
+ROLES: tuple[str, ...] = ("admin", "member", "viewer")
+ADMIN = "admin"  # the built-in user of the state directory's token
+SCRAPER = "scraper"  # the built-in user of the scrape token (role "scraper": /metrics only)
+RESERVED = frozenset({ADMIN, SCRAPER})
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
+_TOKEN_PREFIX = "tfu"
+_KEY_ID = re.compile(r"^[0-9a-f]{16}$")
+
+
+class UnknownUserError(LookupError):
+    """No such user (HTTP 404)."""
+
+
+class UserConflictError(RuntimeError):
+    """A user of that name exists, or the name is reserved (HTTP 409)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Principal:
+    """Who sent a request: a user's ``name`` and ``role`` (``admin``, ``member``, ``viewer``, or
+    ``scraper`` for the scrape token)."""
+
+    name: str
+    role: str
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == ADMIN
+
+
+ADMIN_PRINCIPAL = Principal(ADMIN, ADMIN)
+SCRAPER_PRINCIPAL = Principal(SCRAPER, SCRAPER)
+
+
+@dataclasses.dataclass(frozen=True)
+class User:
+    """A user as the server keeps it (never the token): its fair-share weight (``shares``) and
+    quota (``{kind: amount}`` held at once by its jobs, None: none)."""
+
+    name: str
+    role: str
+    shares: float = 1.0
+    quota: dict[str, float] | None = None
+    created_at: float = 0.0
+    rotated_at: float | None = None
+    key_id: str = ""
+
+    def public(self) -> dict[str, Any]:
+        return {"name": self.name, "role": self.role, "shares": self.shares, "quota": self.quota,
+                "created_at": self.created_at, "rotated_at": self.rotated_at}  # fmt: skip
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not re.match(NAME_PATTERN, name):
+        raise ValueError(f"user name {name!r}: use 1-64 letters, digits and . _ @ - (starting with a letter or digit)")
+    return name
+
+
+def check_role(role: str) -> str:
+    if role not in ROLES:
+        raise ValueError(f"role {role!r}: choose one of {', '.join(ROLES)}")
+    return role
+
+
+def check_user_fields(shares: float | None, quota: dict[str, float] | None) -> None:
+    import math
+
+    if shares is not None and not (isinstance(shares, (int, float)) and math.isfinite(shares) and shares > 0):
+        raise ValueError(f"shares={shares!r}: give a number > 0 (a user's weight in fair share; default 1)")
+    for kind, amount in (quota or {}).items():
+        if not (isinstance(amount, (int, float)) and math.isfinite(amount) and amount >= 0):
+            raise ValueError(f"quota[{kind!r}]={amount!r}: give a finite amount >= 0")
+
+
+def _hash(salt: str, secret: str) -> str:
+    return hashlib.sha256(bytes.fromhex(salt) + secret.encode()).hexdigest()
+
+
+def _parse(token: str) -> tuple[str, str] | None:
+    prefix, _, rest = token.partition(".")
+    key_id, _, secret = rest.partition(".")
+    if prefix != _TOKEN_PREFIX or not _KEY_ID.match(key_id) or not secret:
+        return None
+    return key_id, secret
+
+
+def _new_token() -> tuple[str, str, str, str]:
+    """A fresh ``(token, key_id, salt, token_hash)``."""
+    key_id, secret, salt = secrets.token_hex(8), secrets.token_urlsafe(32), secrets.token_hex(16)
+    return f"{_TOKEN_PREFIX}.{key_id}.{secret}", key_id, salt, _hash(salt, secret)
+
+
+_DUMMY_SALT = "00" * 16
+
+
+def authenticator(users: UserBook | None, admin_token: str, scrape_token: str | None = None) -> Callable[[str], Principal | None]:
+    """Who a request's token signs in as (the guard's ``authenticate``): ``admin_token`` (the state
+    directory's) is the built-in ``admin``, ``scrape_token`` the built-in ``scraper``, any other a
+    user of ``users`` (or nobody: None). Constant-time comparisons throughout."""
+    admin, scrape = admin_token.encode(), scrape_token.encode() if scrape_token else None
+
+    def authenticate(token: str) -> Principal | None:
+        given = token.encode()
+        if hmac.compare_digest(given, admin):
+            return ADMIN_PRINCIPAL
+        if scrape is not None and hmac.compare_digest(given, scrape):
+            return SCRAPER_PRINCIPAL
+        return users.verify(token) if users is not None else None
+
+    return authenticate
+
+
+class UserBook:
+    """The users of the server whose store is ``store``: added, listed, changed, removed, their
+    tokens rotated, and a request's token told apart (:meth:`verify`, in memory: the users are
+    loaded once and kept as they change here)."""
+
+    def __init__(self, store: JobStore):
+        self.store = store
+        self._lock = threading.Lock()
+        self._users: dict[str, User] = {}
+        self._keys: dict[str, tuple[str, str, str]] = {}  # key id -> (name, salt, hash)
+        for row in store.query("SELECT * FROM users ORDER BY name"):
+            self._keep(row)
+
+    def _keep(self, row: sqlite3.Row) -> User:
+        user = User(name=row["name"], role=row["role"], shares=float(row["shares"]),
+                    quota=json.loads(row["quota"]) if row["quota"] else None, created_at=row["created_at"],
+                    rotated_at=row["rotated_at"], key_id=row["key_id"])  # fmt: skip
+        with self._lock:
+            old = self._users.get(user.name)
+            if old is not None:
+                self._keys.pop(old.key_id, None)
+            self._users[user.name] = user
+            self._keys[row["key_id"]] = (user.name, row["salt"], row["token_hash"])
+        return user
+
+    # -- authentication ---------------------------------------------------------------------------
+    def verify(self, token: str) -> Principal | None:
+        """The user ``token`` is, or None. A constant-time comparison; an unknown key id costs the
+        same hash as a known one."""
+        parsed = _parse(token)
+        if parsed is None:
+            return None
+        key_id, secret = parsed
+        with self._lock:
+            entry = self._keys.get(key_id)
+            user = self._users.get(entry[0]) if entry is not None else None
+        salt, expected = (entry[1], entry[2]) if entry is not None else (_DUMMY_SALT, "0" * 64)
+        if hmac.compare_digest(_hash(salt, secret), expected) and user is not None:
+            return Principal(user.name, user.role)
+        return None
+
+    # -- the users --------------------------------------------------------------------------------
+    def list(self) -> list[User]:
+        with self._lock:
+            return [self._users[n] for n in sorted(self._users)]
+
+    def get(self, name: str) -> User:
+        with self._lock:
+            user = self._users.get(name)
+        if user is None:
+            raise UnknownUserError(f"no user {name!r} (list them with `trainforge server users list`)")
+        return user
+
+    def shares(self) -> dict[str, float]:
+        with self._lock:
+            return {n: u.shares for n, u in self._users.items() if u.shares != 1.0}
+
+    def quotas(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            return {n: dict(u.quota) for n, u in self._users.items() if u.quota}
+
+    def add(self, name: str, role: str, *, shares: float = 1.0, quota: dict[str, float] | None = None) -> tuple[User, str]:
+        """A new user and their token (shown once: only its hash is kept)."""
+        check_name(name)
+        check_role(role)
+        check_user_fields(shares, quota)
+        if name in RESERVED:
+            raise UserConflictError(f"{name!r} is a built-in user (the state directory's token is {ADMIN!r}, the "
+                                    f"scrape token {SCRAPER!r}): choose another name")  # fmt: skip
+        token, key_id, salt, digest = _new_token()
+
+        def work(conn: sqlite3.Connection) -> sqlite3.Row:
+            if conn.execute("SELECT 1 FROM users WHERE name=?", (name,)).fetchone():
+                raise UserConflictError(f"user {name!r} exists: rotate their token (`trainforge server users rotate "
+                                        f"{name}`) or remove them first")  # fmt: skip
+            conn.execute(
+                "INSERT INTO users(name, role, key_id, salt, token_hash, shares, quota, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (name, role, key_id, salt, digest, float(shares), json.dumps(quota) if quota else None, time.time()),
+            )
+            return conn.execute("SELECT * FROM users WHERE name=?", (name,)).fetchone()
+
+        return self._keep(self.store.write(work)), token
+
+    def rotate(self, name: str) -> tuple[User, str]:
+        """A new token for ``name`` (the old one stops working at once)."""
+        self.get(name)
+        token, key_id, salt, digest = _new_token()
+        row = self._change(name, "key_id=?, salt=?, token_hash=?, rotated_at=?", (key_id, salt, digest, time.time()))
+        return self._keep(row), token
+
+    def update(self, name: str, *, role: str | None = None, shares: float | None = None,
+               quota: dict[str, float] | None = None, clear_quota: bool = False) -> User:  # fmt: skip
+        """Change a user's role, shares or quota (``clear_quota``: no quota)."""
+        user = self.get(name)
+        if role is not None:
+            check_role(role)
+        check_user_fields(shares, quota)
+        new_quota = None if clear_quota else (quota if quota is not None else user.quota)
+        row = self._change(name, "role=?, shares=?, quota=?", (
+            role or user.role, float(shares if shares is not None else user.shares),
+            json.dumps(new_quota) if new_quota else None))  # fmt: skip
+        return self._keep(row)
+
+    def remove(self, name: str) -> None:
+        """Remove ``name``: their token stops working at once (their jobs stay, and keep their owner)."""
+        self.get(name)
+        self.store.write(lambda conn: conn.execute("DELETE FROM users WHERE name=?", (name,)))
+        with self._lock:
+            user = self._users.pop(name, None)
+            if user is not None:
+                self._keys.pop(user.key_id, None)
+
+    def _change(self, name: str, sets: str, values: tuple[Any, ...]) -> sqlite3.Row:
+        def work(conn: sqlite3.Connection) -> sqlite3.Row:
+            conn.execute(f"UPDATE users SET {sets} WHERE name=?", (*values, name))
+            row = conn.execute("SELECT * FROM users WHERE name=?", (name,)).fetchone()
+            if row is None:
+                raise UnknownUserError(f"no user {name!r}")
+            return row
+
+        return self.store.write(work)  # type: ignore[no-any-return]
