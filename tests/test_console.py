@@ -110,3 +110,58 @@ def test_console_warnings_show_each_warning_once_and_only_inside(capfd):
         logger.warning("not shown: disabled (verbose=0)")
     out, err = capfd.readouterr()
     assert err == "trainforge: storage operation 'write' retried\n" and out == ""
+
+
+class _Report:
+    """What the console reporter reads of a TrainingReport."""
+
+    def __init__(self, index: int):
+        self.index, self.attempt, self.checkpoint, self.metrics = index, 0, None, {"loss": 1 / (index + 1)}
+
+
+class _Ended:
+    error = None
+    checkpoint = None
+
+
+def _report_lines(monkeypatch, verbose: int, every_s: float, reports: int = 12) -> list[str]:
+    """The console lines of a run with ``reports`` reports ``every_s`` apart (on a fake clock)."""
+    from trainforge._internal import progress
+
+    now = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    lines: list[str] = []
+    for run in range(2):  # said once a run (each fit() has a reporter of its own)
+        reporter = progress.ProgressReporter(verbose, "run")
+        monkeypatch.setattr(reporter, "_print", lines.append)
+        reporter.on_run_start(f"/results/run{run}", 1)
+        for i in range(reports):
+            reporter.on_report(_Report(i))
+            now[0] += every_s
+        reporter.on_run_end(_Ended())
+    return lines
+
+
+def test_sampled_report_lines_say_so_once_a_run_and_where_every_report_is(monkeypatch):
+    monkeypatch.delenv("TRAINFORGE_JOB_ID", raising=False)
+    lines = _report_lines(monkeypatch, verbose=1, every_s=0.3)
+    shown = [int(m[1]) for ln in lines if (m := re.match(r"\[report (\d+)\]", ln))]
+    assert shown == [0, 4, 8, 11] * 2  # one a second, and the last
+    notes = [i for i, ln in enumerate(lines) if ln.startswith("[report lines:")]
+    assert len(notes) == 2  # once a run, just before the first line after a skipped report
+    assert lines[notes[0] - 1].startswith("[report 0]") and lines[notes[0] + 1].startswith("[report 4]")
+    assert lines[notes[0]] == (
+        "[report lines: at most one a second, so not every report is shown (RunConfig(verbose=2) shows each); "
+        "all are in Result.metrics_dataframe and /results/run0/metrics.jsonl]"
+    )
+    # In a train-server job: where the server keeps them.
+    monkeypatch.setenv("TRAINFORGE_JOB_ID", "7")
+    note = next(ln for ln in _report_lines(monkeypatch, verbose=1, every_s=0.3) if ln.startswith("[report lines:"))
+    assert note.endswith("all are in job 7's metrics (its dashboard page; GET /api/v1/jobs/7/metrics)]")
+
+
+def test_report_lines_that_skip_nothing_say_nothing_of_sampling(monkeypatch):
+    for verbose, every_s in ((2, 0.01), (1, 1.5)):  # every report shown: no note
+        lines = _report_lines(monkeypatch, verbose=verbose, every_s=every_s, reports=5)
+        assert sum(ln.startswith("[report ") for ln in lines) == 10, lines
+        assert not any(ln.startswith("[report lines:") for ln in lines)

@@ -20,6 +20,7 @@ import pytest
 
 import trainforge
 from trainforge import DataParallelTrainer, RunConfig, ScalingConfig
+from trainforge.server._display import fmt_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -108,6 +109,7 @@ def test_a_report_reaches_its_chart_and_stop_from_the_page_ends_every_process(tr
     loss = page.locator('.chart[data-group="loss"] .last')
     loss.wait_for(timeout=30_000)
     assert "val_loss" in loss.inner_text()  # train and validation series share a chart
+    assert page.locator('.chart[data-group="step"]').count() == 0  # no "step vs step" (the x axis is the step)
     (gates / "gate_1").touch()  # step 1 reports now: its value must reach the chart
     page.wait_for_function(
         "() => document.querySelector('.chart[data-group=\"loss\"] .last').textContent.includes('loss: 0.50000')",
@@ -258,6 +260,63 @@ def test_compare_groups_jobs_by_a_config_key(train_server, page, tmp_path):
     assert "Pick jobs" in page.locator("#nocompare").inner_text()
 
 
+# A script job that writes its runs' events itself (as fit() would: a run, three reports of "loss"), so
+# that many jobs with metrics cost a runner each and no workers.
+FAKE_REPORTS = """
+import json, os, sys, time
+lr, t = float(sys.argv[1]), time.time()
+with open(os.environ["TRAINFORGE_JOB_EVENTS"], "a") as f:
+    f.write(json.dumps({"type": "run_start", "run_path": sys.argv[2], "name": "fake", "num_workers": 1,
+                        "job_attempt": 1, "t": t}) + "\\n")
+    for i in range(3):
+        f.write(json.dumps({"type": "report", "index": i, "attempt": 0, "metrics": {"loss": lr / (i + 1)},
+                            "checkpoint": None, "t": t + i}) + "\\n")
+"""
+
+
+def test_memory_reads_as_the_cli_shows_it_and_a_continuous_key_gets_a_colour_scale(tmp_path, page):
+    """Memory in bytes as the CLI shows it (``21.5 GiB``, not ``2.3129e+10``), in the pages and their
+    script alike; the compare page colours jobs by a float key of many values with a continuous scale
+    whose legend is rounded, instead of a legend entry per job in full precision."""
+    from trainforge._testing.server import TrainServer
+
+    server = TrainServer(str(tmp_path / "server"), capacity="CPU=2,memory=23129000000").start()
+    try:
+        client = server.client()
+        script = tmp_path / "fake_reports.py"
+        script.write_text(FAKE_REPORTS)
+        values = [round(0.1500972585123 * (1 + 0.37 * i), 12) for i in range(12)]
+        jobs = [client.submit({"kind": "script", "path": str(script), "args": [str(lr), str(tmp_path / f"run{i}")],
+                               "name": f"cont-{i}", "config": {"lr": lr}}) for i, lr in enumerate(values)]  # fmt: skip
+        for job in jobs:
+            assert job.wait(timeout=120).state == "SUCCEEDED"
+        page.goto(f"{server.url}/?token={server.token}")
+        assert "memory: 0 B/21.5 GiB used" in page.locator("#summary").inner_text()
+        page.goto(f"{server.url}/queue")
+        assert "memory\t21.5 GiB\t0 B\t21.5 GiB" in page.locator("table").first.inner_text()
+        # The pages' script prints bytes by the same rule as the server and the CLI.
+        sizes = [0, 100, 1023, 1023.6, 1024, 1280, 10_300, 1_048_575, 2.3129e10, 5e15, 2**60]
+        shown = page.evaluate("async (sizes) => { const m = await import('/static/units.js'); "
+                              "return sizes.map((n) => m.fmtBytes(n)); }", sizes)  # fmt: skip
+        assert shown == [fmt_bytes(n) for n in sizes]
+
+        page.goto(f"{server.url}/compare?name=cont-&metric=loss&group=lr")
+        page.wait_for_function("() => document.getElementById('compare').dataset.drawn >= 1", timeout=30_000)
+        box = page.locator("#compare")
+        assert (box.get_attribute("data-jobs"), box.get_attribute("data-legend")) == ("12", "continuous")
+        assert page.locator("#compare .u-legend").count() == 0  # no entry per job
+        legend = page.locator("#compare-legend")
+        assert legend.get_attribute("data-kind") == "continuous"
+        ends = legend.locator(".gradient-labels span").all_inner_texts()
+        assert ends[0] == "0.15" and ends[-1] == "0.761" and all(len(e) <= 6 for e in ends), ends
+        groups = [row.split("\t")[0] for row in page.locator("table.groups tbody tr").all_inner_texts()]
+        assert groups == [f"{v:.4g}" for v in values]  # in order, rounded: 0.1501, 0.2056, ...
+        _shot(page, tmp_path, "compare-continuous")
+    finally:
+        left = server.cleanup()
+    assert not left, left
+
+
 def test_a_checkpoint_shows_its_size_and_its_resume_command_works(train_server, page, tmp_path):
     job = _trainer(tmp_path, "ckpt", _checkpointing, workers=1, steps=3).submit()
     assert job.wait(timeout=120).state == "SUCCEEDED"
@@ -267,7 +326,7 @@ def test_a_checkpoint_shows_its_size_and_its_resume_command_works(train_server, 
     page.wait_for_function("() => document.querySelectorAll('#checkpoints tr').length === 3", timeout=30_000)
     size = job.client.request("GET", f"/jobs/{job.id}/checkpoints")["checkpoints"][0]["size"]
     assert 10_000 < size < 11_000  # the weights, the step file and the checkpoint's metadata
-    assert f"{size / 1024:.1f} KB" in rows.first.inner_text()
+    assert fmt_bytes(size) in rows.first.inner_text()  # the CLI's rule for bytes (static/units.js)
     command = rows.first.locator("td.resume code").inner_text()
     assert command.startswith(f"trainforge retry {job.id} --checkpoint ")
     rows.first.locator("button.copy").click()  # copies, or selects it where the clipboard is not allowed

@@ -60,7 +60,9 @@ def test_models_page_shows_versions_alias_history_and_links_a_version_to_its_job
     other = tmp_path / "elsewhere"
     other.mkdir()
     (other / "weights.bin").write_bytes(b"\7" * 100)
-    registry.register("digits", str(other), metrics={"acc": 0.9})  # v2: from no job of this server
+    metrics = {"epoch": 5, "batch_count": 40, "num_samples": 640, "train_loss": 0.31, "last_train_loss": 0.2,
+               "val_loss": 0.12, "val_accuracy": 0.97}  # as ModelTrainer reports them: bookkeeping first  # fmt: skip
+    registry.register("digits", str(other), metrics=metrics)  # v2: from no job of this server
     registry.set_alias("digits", "production", 1, by="alice")
     registry.set_alias("digits", "production", 2, by="bob")
     registry.set_alias("digits", "staging", 1, by="carol")
@@ -78,6 +80,9 @@ def test_models_page_shows_versions_alias_history_and_links_a_version_to_its_job
     assert "acc=0.75" in v1.locator("td.metrics").inner_text()  # the run's last metrics
     assert "data=digits" in v1.inner_text() and "staging" in v1.locator("td.aliases").inner_text()
     assert "100 B" in v2.inner_text() and "production" in v2.locator("td.aliases").inner_text()
+    # The measures first (validation, then training), bookkeeping last: val_accuracy is not cut off.
+    shown = v2.locator("td.metrics").inner_text()
+    assert shown.startswith("val_loss=0.12 val_accuracy=0.97 train_loss=0.31 last_train_loss=0.2 epoch=5"), shown
     assert "not from a job on this server" in v2.locator("td.produced").inner_text()
     history = page.locator("#history tr")
     assert history.count() == 3

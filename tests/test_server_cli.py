@@ -309,6 +309,71 @@ def test_queue_priority_hold_release_and_resources(train_server, tmp_path):
     assert json.loads(ok(d, "resources", "--json"))["free"] == {"CPU": 2.0}
 
 
+# -- listings: whole names, what is left out, a reader that goes away --------------------------------
+def test_jobs_shows_names_whole_says_how_many_more_and_stops_quietly_when_the_reader_goes(train_server):
+    d = train_server.state_dir
+    client = train_server.client()
+    trials = [f"asha-demo/objective_ab01_{i:05d}" for i in range(4)]  # 30 characters: differ at the end
+    long = "asha-demo/objective_ab01_00099_lr=0.0012345_momentum=0.9_weight_decay=0.0001"
+    ids = [client.submit({"kind": "script", "path": END, "args": ["0"], "name": n, "hold": True}).id
+           for n in (*trials, long)]  # held: nothing runs  # fmt: skip
+
+    r = tf(d, "jobs", "--limit", "3")
+    assert r.returncode == 0, r.stderr
+    rows = r.stdout.splitlines()[1:]
+    assert len(rows) == 3
+    assert trials[3] in rows[1] and trials[2] in rows[2]  # whole, so each row says which trial
+    cut = next(word for word in rows[0].split() if word.startswith("asha-demo/"))
+    assert len(cut) == 48 and "..." in cut and cut.endswith("weight_decay=0.0001")  # the middle gives way
+    assert r.stderr == "... 2 more jobs not shown: use --limit N or --all\n"  # on stderr: stdout stays a table
+
+    r = tf(d, "jobs", "--all")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert [int(line.split()[0]) for line in r.stdout.splitlines()[1:]] == ids[::-1]
+    listed = json.loads(ok(d, "jobs", "--limit", "4", "--json"))
+    assert [j["name"] for j in listed] == [long, *trials[:0:-1]]
+    assert trials[0] in ok(d, "queue")  # the queue shows names whole too
+    msg = one_line_error(tf(d, "jobs", "--limit", "0"))
+    assert msg == "trainforge jobs: --limit 0: give N >= 1 (or --all for every job)"
+
+    # `trainforge jobs | head -1` once head has gone: quiet, the status of a process ended by SIGPIPE.
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "trainforge", "jobs"], env=_env(d), stdout=write,
+                           stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, timeout=TIMEOUT)  # fmt: skip
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (141, "")
+
+
+def test_logs_of_a_rank_without_a_log_says_which_ranks_have_one(train_server, tmp_path):
+    d = train_server.state_dir
+    script = tmp_path / "one_rank.py"
+    script.write_text(
+        "import trainforge\n"
+        "from trainforge import DataParallelTrainer, RunConfig, ScalingConfig\n"
+        "def loop(config):\n"
+        "    print('hello from rank', trainforge.get_context().get_world_rank(), flush=True)\n"
+        "    trainforge.report({'loss': 1.0})\n"
+        "if __name__ == '__main__':\n"
+        f"    run_config = RunConfig(name='one_rank', storage_path={str(tmp_path / 'runs')!r}, verbose=0)\n"
+        "    DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=1), run_config=run_config).fit()\n"
+    )
+    job = job_id_of(ok(d, "submit", script))
+    assert "hello from rank 0" in ok(d, "logs", job, "--rank", "0")
+    msg = one_line_error(tf(d, "logs", job, "--rank", "1"))
+    assert msg == (f"trainforge: job {job} has no rank-1 log (ranks with logs: 0): try `trainforge logs {job} --rank 0`; "
+                   f"`trainforge logs {job}` shows the job's output, every rank's lines in it")  # fmt: skip
+    # A job that ran no fit(), and one that has not started: no rank logs, and why.
+    ended = job_id_of(ok(d, "submit", END, "0"))
+    msg = one_line_error(tf(d, "logs", ended, "--rank", "0"))
+    assert f"job {ended} (SUCCEEDED) has no rank logs: it ran no fit()" in msg and f"`trainforge logs {ended}`" in msg
+    held = job_id_of(ok(d, "submit", "--no-wait", "--hold", END, "0"))
+    msg = one_line_error(tf(d, "logs", held, "--rank", "0"))
+    assert f"job {held} (HELD) has no rank logs: no run of it has started yet" in msg
+
+
 # -- stop ---------------------------------------------------------------------------------------------
 def test_stop_a_running_job(train_server, tmp_path, streamed):
     d = train_server.state_dir
@@ -386,6 +451,8 @@ def test_server_start_detached_then_status_and_stop(tmp_path):
         m = re.search(r"serving (http://127\.0\.0\.1:\d+)", out)
         assert m, out
         url = m.group(1)
+        token = (d / "token").read_text().strip()
+        assert f"  dashboard: {url}/?token={token}" in out.splitlines()  # the URL that opens it, as `dashboard` prints
         info = json.loads((d / "server.json").read_text())
         pid = info["pid"]
         assert info["url"] == url
@@ -449,6 +516,25 @@ def test_user_errors_are_one_line_without_traceback(train_server, tmp_path):
     assert "no train server found" in one_line_error(tf(nowhere, "submit", END, "0"))
     r = tf(nowhere, "server", "status")
     assert r.returncode == 3 and r.stdout.strip() == f"no train server running (state directory {nowhere})"
+
+
+def test_server_start_on_a_busy_port_says_what_to_do_in_one_line(tmp_path):
+    pytest.importorskip("fastapi")
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        detached = one_line_error(tf(None, "server", "start", "--detach", "--no-warm", "--state-dir", tmp_path / "a",
+                                     "--port", port, "--capacity", "CPU=1"))  # fmt: skip
+        assert detached.startswith("trainforge: the train server exited at start (code 1): "
+                                   f"cannot listen on 127.0.0.1:{port} (Address already in use): ")  # fmt: skip
+        assert "pass --port (0 picks a free one)" in detached and f"(its output: {tmp_path / 'a'}/server.log)" in detached
+        foreground = one_line_error(tf(None, "server", "start", "--no-warm", "--state-dir", tmp_path / "b",
+                                       "--port", port, "--capacity", "CPU=1"))  # fmt: skip
+        assert foreground.startswith(f"trainforge: cannot listen on 127.0.0.1:{port} (Address already in use)")
+    assert not (tmp_path / "a" / "address").exists() and not (tmp_path / "b" / "address").exists()
 
 
 def test_never_fitting_request_names_no_job(train_server):

@@ -540,6 +540,48 @@ def test_submit_starts_a_server_in_the_background_when_none_runs(tmp_path, monke
     assert not (state_dir / "address").exists()  # a clean stop removes it
 
 
+def test_submit_starts_its_server_on_the_default_port_when_that_is_free(tmp_path, monkeypatch):
+    """The server submit() starts is found where `trainforge server start` would put it (the default
+    port) unless another program holds that port; then on any free one. (Which command starts it is
+    checked here, not a real start on 8270: other tests may hold that port.)"""
+    import socket
+
+    from trainforge.server import _submission
+    from trainforge.server._cli import add_commands
+    from trainforge.server._config import DEFAULT_PORT, ServerConfig
+
+    monkeypatch.setenv("TRAINFORGE_SERVER_DIR", str(tmp_path / "nowhere"))  # no server there
+    monkeypatch.delenv("TRAINFORGE_ADDRESS", raising=False)
+    started: list[list[str]] = []
+
+    class Stop(Exception):
+        pass
+
+    def start(state_dir=None, *, extra_args=None, timeout_s=60.0):
+        started.append(list(extra_args or []))
+        raise Stop  # no real server: what it was asked for is the test
+
+    monkeypatch.setattr(_submission, "start_background_server", start)
+    trainer = _trainer(tmp_path, "default-port", workers=1)
+    with socket.socket() as probe:  # a port that is free now, standing in for the default one
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    monkeypatch.setattr(_submission, "DEFAULT_PORT", free)
+    with pytest.raises(Stop):
+        trainer.submit()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", free))
+        busy.listen()
+        with pytest.raises(Stop):
+            trainer.submit()
+    assert started == [[], ["--port", "0"]]  # no --port: the server's own default, which is DEFAULT_PORT ...
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers())
+    assert parser.parse_args(["server", "start"]).port == DEFAULT_PORT == ServerConfig().port  # ... here too
+
+
 def _process_loop(config):
     """Reports which process it is and its parent (and torch's thread count for a TorchTrainer),
     then waits for the gate file, if any."""

@@ -123,6 +123,8 @@ def _run(fn: Any) -> Any:
 
         try:
             return int(fn(Registry(args.registry), args) or 0)
+        except BrokenPipeError:  # the reader went away (`| head`): the CLI's main ends quietly
+            raise
         except (KeyError, RegistryError, ValueError, TypeError, OSError, StorageError, ImportError) as exc:
             text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
             print(f"trainforge models: {text}", file=sys.stderr)

@@ -420,8 +420,8 @@ def compare_page(
         chart = "<p class=empty id=nocompare>These jobs have not reported any metric yet.</p>"
     else:
         chart = ("<div class=chart-controls><label><input type=checkbox id=logscale> log scale</label>"
-                 "<span id=compare-hover></span></div><div class=curves><div id=compare class=charts></div>"
-                 f"{'<div id=compare-legend class=legend></div>' if group else ''}</div>")  # fmt: skip
+                 f"<span id=compare-hover></span></div>{'<div id=compare-legend class=legend></div>' if group else ''}"
+                 "<div id=compare class=charts></div>")  # fmt: skip
     for j in chosen:
         j["group"] = _group_value(j, group)
     body = (

@@ -1,11 +1,15 @@
 """Ray Train 1.x (the ``Trainer`` API of Ray 1.7 - 1.13) on trainforge: a Ray Train 1.x program runs
-with its imports changed from ``ray.train`` to ``trainforge.v1``::
+with its imports changed from ``ray.train`` to ``trainforge.v1``:
 
-    import ray.train as train                       ->  import trainforge.v1 as train
-    from ray import train                           ->  from trainforge import v1 as train
-    from ray.train import Trainer, CheckpointStrategy  ->  from trainforge.v1 import Trainer, CheckpointStrategy
-    from ray.train.callbacks import JsonLoggerCallback ->  from trainforge.v1.callbacks import JsonLoggerCallback
-    from ray.train.torch import prepare_model        ->  from trainforge.v1.torch import prepare_model
+=====================================================  ==========================================================
+Ray Train 1.x                                          trainforge
+=====================================================  ==========================================================
+``import ray.train as train``                          ``import trainforge.v1 as train``
+``from ray import train``                              ``from trainforge import v1 as train``
+``from ray.train import Trainer, CheckpointStrategy``  ``from trainforge.v1 import Trainer, CheckpointStrategy``
+``from ray.train.callbacks import JsonLoggerCallback`` ``from trainforge.v1.callbacks import JsonLoggerCallback``
+``from ray.train.torch import prepare_model``          ``from trainforge.v1.torch import prepare_model``
+=====================================================  ==========================================================
 
 A started ``Trainer`` keeps its workers up between ``run()`` calls (one core run driven one command
 at a time); ``train.report()`` results, ``train.save_checkpoint()`` checkpoints (kept in 1.x's layout,

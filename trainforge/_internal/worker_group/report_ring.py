@@ -12,6 +12,7 @@ process and passes to it at spawn, so nothing is left in the file system whateve
     [0:8)    magic
     [8:16)   write position (bytes ever written; the worker's)
     [16:24)  read position  (bytes ever read; the driver's)
+    [24:32)  armed: 1 while the driver wants a wake-up for the next record (the driver's)
     [64:)    data, a circular buffer of records:
              u32 length, u32 crc32(payload), u64 position, u64 tag, payload
 
@@ -25,16 +26,18 @@ driver then simply tries again at the next drain. When the ring is full the writ
 to drain (``nudge``) and waits for room: back-pressure, as a full socket buffer would give.
 
 Wake-up: a driver waiting for reports must not poll the ring. Each ring has a wake-up ``eventfd``
-(:func:`create_wake_fd`, passed to the worker beside the ring); the writer signals it only when its
-record is the first the driver has not read (the ring went from empty to non-empty: the published
-read position equals the record's position), so a worker reporting faster than the driver drains
-makes no system call per report. The two sides follow Dekker's pattern on the shared positions:
-the writer publishes its write position, then reads the read position; the reader publishes its
-read position, then (:meth:`RingReader.written_since_drain`) reads the write position again before
-it sleeps. A full fence between each store and load (a lock release on the writer's side, which
-follows the publish anyway; a lock taken and released on the reader's) means that one of them
-always sees the other: either the writer signals, or the reader drains again without sleeping.
-The driver also drains at its poll timeout, so even a wake-up lost some other way only delays.
+(:func:`create_wake_fd`, passed to the worker beside the ring); the writer signals it only on the
+ring's edge from empty to non-empty (the published read position equals the record's position)
+and only while the driver has armed the ring (:meth:`RingReader.arm`: it does before it sleeps, and
+not for a while after a wake-up, so a worker reporting every millisecond wakes it a hundred times a
+second at most, not a thousand). A worker reporting faster than the driver drains makes no system
+call per report. The two sides follow Dekker's pattern on the shared header: the writer publishes
+its write position, then reads the read position and the armed flag; the reader publishes its read
+position and arms, then (:meth:`RingReader.written_since_drain`) reads the write position again
+before it sleeps. A full fence between each side's stores and loads (the lock release that follows
+the writer's publish; a lock taken and released by the reader) means that one of them always sees
+the other: either the writer signals, or the reader drains again instead of sleeping. The driver
+also drains at its poll timeout, so a record it was not woken for (an unarmed ring) only waits.
 """
 
 from __future__ import annotations
@@ -47,11 +50,12 @@ import time
 import zlib
 from collections.abc import Callable
 
-MAGIC = 0x54465247_00000001  # "TFRG", version 1 (the wake-up eventfd changes nothing in the layout)
+MAGIC = 0x54465247_00000002  # "TFRG", version 2 (1 had no armed flag)
 HEADER_BYTES = 64
 _MAGIC = struct.Struct("<Q")
 _POS = struct.Struct("<Q")
-_WRITE_OFF, _READ_OFF = 8, 16
+_WRITE_OFF, _READ_OFF, _ARMED_OFF = 8, 16, 24
+_READ_ARMED = struct.Struct("<QQ")  # read position and armed flag, read together by the writer
 _RECORD = struct.Struct("<IIQQ")  # length, crc32, position, tag
 DEFAULT_BYTES = 2 * 1024 * 1024  # pages are only made resident as the ring is used
 
@@ -162,9 +166,11 @@ class RingWriter(_Ring):
             self._copy_in(pos, _RECORD.pack(len(payload), zlib.crc32(payload), pos, self.tag) + payload)
             end = self._pos = pos + n
             _POS.pack_into(self._m, _WRITE_OFF, end)  # publish: the record is now the driver's
-        # The lock's release above is the fence between that store and this load (module docstring).
-        if self._wake_fd is not None and _POS.unpack_from(self._m, _READ_OFF)[0] == pos:
-            self._wake()  # the ring was empty: the driver may be asleep
+        if self._wake_fd is not None:
+            # The lock's release above is the fence between that store and these loads (module docstring).
+            read, armed = _READ_ARMED.unpack_from(self._m, _READ_OFF)
+            if armed and read == pos:
+                self._wake()  # the ring was empty and the driver waits for it
         return end
 
     def _wake(self) -> None:
@@ -228,11 +234,16 @@ class RingReader(_Ring):
     def pending(self) -> bool:
         return _POS.unpack_from(self._m, _WRITE_OFF)[0] > self._pos
 
+    def arm(self, armed: bool) -> None:
+        """Ask the writer to signal the wake-up fd for the next record that finds the ring empty (or not)."""
+        _POS.pack_into(self._m, _ARMED_OFF, int(armed))
+
     def written_since_drain(self) -> bool:
-        """Whether records were published after the last :meth:`drain` looked: call it before
-        sleeping on the wake-up fd. Their writer may have seen the read position from before that
-        drain and not signalled (module docstring), so drain again instead of sleeping."""
-        _fence()  # the read position published by the drain, before the write position read here
+        """Whether records were published after the last :meth:`drain` looked: call it after
+        :meth:`arm` and before sleeping on the wake-up fd. Their writer may have seen the read
+        position from before that drain, or the ring unarmed, and not signalled (module docstring),
+        so drain again instead of sleeping."""
+        _fence()  # the read position and armed flag stored before, the write position loaded after
         return _POS.unpack_from(self._m, _WRITE_OFF)[0] > self._seen
 
     def drain(self, upto: int | None = None, max_tag: int | None = None) -> list[bytes]:

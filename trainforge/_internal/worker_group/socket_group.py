@@ -35,7 +35,10 @@ from trainforge._internal.worker_group.api import (
 
 TAIL_LINES = 60
 READ_INTERVAL_S = 0.02  # while training, the driver reads socket-borne reports at most this often
-RING_DRAIN_S = 0.02  # and drains the report rings of local workers at least this often (besides their wake-ups)
+# The report rings of local workers are drained at least this often; a ring wakes the driver for a
+# record that finds it empty unless a drain took records from it less than this long ago (a worker
+# reporting in a busy loop is drained at this pace, without waking the driver for each report).
+RING_DRAIN_S = 0.02
 
 
 class WorkerHandle:
@@ -53,6 +56,7 @@ class WorkerHandle:
         self.last_progress = time.monotonic()
         self.stacks: dict[int, str] = {}  # replies to "stacks" commands, by request id
         self.ring: Any = None  # a local worker's report ring (report_ring.RingReader)
+        self.ring_busy_until = 0.0  # its wake-ups are disarmed until then (socket_group.RING_DRAIN_S)
         self.after_count = 0  # ordered ("after") socket messages read: the ring is read up to their tag
 
     @property
@@ -162,9 +166,18 @@ class SocketWorkerGroup(WorkerGroup):
         record events, results and deaths."""
         conns = [w.conn for w in self._workers if w.conn is not None and not w.conn.closed]
         by_conn = {id(w.conn): w for w in self._workers}
-        rings = {id(w.ring): w.ring for w in self._workers if w.ring is not None and w.ring.wake_fd is not None}
+        rings = {}  # armed: the next record that finds the ring empty wakes us
+        now = time.monotonic()
+        for w in self._workers:
+            if w.ring is None or w.ring.wake_fd is None:
+                continue
+            if now < w.ring_busy_until:  # drained of records just now: until then, drained at that pace
+                timeout = min(timeout, w.ring_busy_until - now)
+                continue
+            w.ring.arm(True)
+            rings[id(w.ring)] = w.ring
         if any(r.written_since_drain() for r in rings.values()):
-            timeout = 0.0  # records came after the last drain: their wake-up may have gone before it
+            timeout = 0.0  # records came after the last drain: their writer may have seen it unarmed
         ready = wait(conns + list(rings.values()), timeout) if conns else []
         if not conns and timeout:
             time.sleep(min(timeout, 0.05))
@@ -193,7 +206,11 @@ class SocketWorkerGroup(WorkerGroup):
             self._dispatch(w, pickle.loads(data))
 
     def _drain_ring(self, w: WorkerHandle, upto: int | None = None, everything: bool = False) -> None:
-        for data in w.ring.drain(upto, None if everything else w.after_count):
+        records = w.ring.drain(upto, None if everything else w.after_count)
+        if records and w.ring.wake_fd is not None:
+            w.ring.arm(False)  # a busy writer: its next records wait for the drain RING_DRAIN_S from now
+            w.ring_busy_until = time.monotonic() + RING_DRAIN_S
+        for data in records:
             self._dispatch(w, pickle.loads(data))
 
     def _dispatch(self, w: WorkerHandle, msg: tuple) -> None:

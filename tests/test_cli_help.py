@@ -1,0 +1,60 @@
+"""The ``trainforge`` CLI as a whole: every command's help ends with the docs page about it, and a
+reader that goes away (``trainforge ... | head``) ends a command quietly, as ``ps`` does. (That the
+pages and anchors named exist: tests/test_docs.py.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from trainforge._cli import DOCS, build_parser, commands, docs_epilog, docs_page
+
+
+def test_every_commands_help_ends_with_its_docs_page():
+    parser = build_parser()
+    found = dict(commands(parser))
+    # Each command (each top-level one, and `server users` whose page differs from its parent's) is
+    # named in the map: a new command needs its page, not its parent's by accident.
+    for path in found:
+        if len(path) == 1 or path == ("server", "users"):
+            assert path in DOCS, f"`trainforge {' '.join(path)}` has no docs page in trainforge/_cli.py DOCS"
+    expected = {
+        (): "docs/index.md",
+        ("server", "start"): "docs/server.md#start-it",
+        ("server", "stop"): "docs/server.md#start-it",
+        ("server", "users", "add"): "docs/team-server.md#users-and-roles",
+        ("jobs",): "docs/server.md#submit-and-manage-jobs",
+        ("logs",): "docs/server.md#submit-and-manage-jobs",
+        ("dashboard",): "docs/dashboard.md",
+        ("models", "alias", "set"): "docs/registry.md",
+        ("serve",): "docs/serving.md",
+        ("experiments", "import"): "docs/experiments.md",
+        ("train",): "docs/model-lifecycle.md",
+    }
+    for path, page in expected.items():
+        assert docs_page(path) == page, path
+    for path, p in found.items():  # one epilog, from one helper, in every command's help
+        assert p.epilog == docs_epilog(docs_page(path)), path
+        assert " ".join(p.format_help().split()).endswith(docs_epilog(docs_page(path))), path
+
+
+def test_help_in_a_shell_names_the_page():
+    out = subprocess.run([sys.executable, "-m", "trainforge", "jobs", "--help"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout  # fmt: skip
+    assert out.rstrip().endswith("docs: docs/server.md#submit-and-manage-jobs (or `mkdocs serve`)")
+
+
+def test_a_closed_pipe_ends_a_command_quietly(tmp_path):
+    """``trainforge ... | head`` once head has gone: no traceback, no ``[Errno 32] Broken pipe``; the exit
+    status of a process ended by SIGPIPE (as ``ps`` gives). A server-side listing: tests/test_server_cli.py."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line: every write fails
+    try:
+        for args in (["--help"], ["models", "list", "--registry", str(tmp_path / "registry")]):
+            r = subprocess.run([sys.executable, "-m", "trainforge", *args], stdout=write, stderr=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL, text=True, timeout=60)  # fmt: skip
+            assert r.stderr == "", (args, r.stderr)
+            assert r.returncode in (0, 141), (args, r.returncode)
+    finally:
+        os.close(write)
