@@ -211,16 +211,17 @@ each `report()`, so it was run for 10 steps. On Ray, throughput is ~14% below lo
 processes share the 2 cores, and Ray actors send reports over their socket (the shared-memory ring is
 for local worker processes); recovery on Ray starts new actors (no standby workers).
 """),
-    "server": Note("920e3bd-dirty", """
-Run with `--ray-pythonpath /tmp/tf-raydash-deps` on an idle machine (2 workers, CPU; Ray Jobs on a
-`ray start --head` instance the benchmark starts; see `bench/README.md`). Of the warm 0.070 s, 0.025 s
-is `submit()` in a fresh driver process (pickling, one POST; the client uses only the standard library),
-0.009 s until the runner exists (forked), 0.015 s its start (unpickling the trainer) and 0.022 s the
-run's start with forked workers. With fresh processes the runner's interpreter and imports take ~0.15 s
-and the workers' another ~0.15 s, as in `fit()`. With 10,000 queued jobs a submission takes ~35 ms (its
-reason is worked out for the reply) and `GET /queue` ~0.4 s. The submission rate and the decision time
-have little margin on this 2-core machine: a run started while it was still busy (load 4) measured 190
-submissions/s and a 7.6 ms `decide()` (the pure function, no server involved).
+    "server": Note("cf1d4d1-dirty", """
+Run with `--ray-pythonpath /tmp/tf-raydash-deps` (2 workers, CPU; Ray Jobs on a `ray start --head`
+instance the benchmark starts; see `bench/README.md`) on a machine shared with other work (62% busy on
+average). Of the warm 0.062 s, 0.030 s is `submit()` in a fresh driver process (pickling, one POST; the
+client uses only the standard library), 0.008 s until the runner exists (forked), 0.003 s its start and
+0.019 s from the run's start, with forked workers, to rank 0's first step. With fresh processes the
+runner's and the workers' interpreters and imports take the rest, as in `fit()`. With 10,000 queued
+jobs the server keeps them in start order as they come and go (`decide()` on a plain list, sorted and
+grouped at each call, takes 4.1 ms) and works out only the reasons someone reads: a submission's reply
+its own, a `GET /queue` page its page's (all 10,005 in 11 pages: 171 ms; every reason at once, as
+`/metrics` counts them, 38 ms).
 """),
     "server_load": Note("c97b384-dirty", """
 The train server reads SQLite through a small pool of connections, however many clients; the rows
@@ -257,16 +258,20 @@ a plain `trainforge.torch.TorchTrainer` loop (`prepare_model`, `prepare_data_loa
 a driven `train()`'s wall time on the driver minus rank 0's time from receiving the command to its
 report.
 """),
-    "registry": Note("887b01e-dirty", """
+    "registry": Note("cf1d4d1-dirty", """
 Random bytes in the page cache; the plain copy is `shutil.copytree` of the same files to the same
-filesystem (an in-kernel copy, ~2 GB/s here); S3 is moto's server in the benchmark's threads, against
+filesystem (an in-kernel copy: 3.7 GB/s in this run, 1.9 GB/s in the previous one, as the machine's
+memory was busier; the ratios move with it); S3 is moto's server in the benchmark's threads, against
 s3fs's own `put`/`get`. Where it misses: registering has to read every byte once to hash it, and sha256
-runs at ~1.1 GB/s on one core of this machine, against a page-cache copy at ~2 GB/s. Files are hashed in
-parallel (and copied while they are hashed), so a checkpoint of several files registers at the copy's
-speed when it is a `Checkpoint`/`Result` (its files are hard-linked), but a single 512 MB file is bound
-by one core's sha256, and a directory's files must also be copied. A file registered before is not read
-again (the hash cache): "register again" copies 0 bytes. Loading materializes the version by hard links
-and verifies it (the same single-core bound for one big file); later loads are cached.
+(OpenSSL, with the CPU's SHA instructions) runs at ~1.55 GB/s on one core of this machine. A blob's id
+is the sha256 of its whole content, one sequential hash, so the single file's "sha256 alone" row (330 ms
+for 512 MB) is the floor of any register of it; register reaches it within 5%, the copy running on the
+other core while the file is hashed (one read feeding both, read -> hash -> write, measured slower: 446 ms
+on one thread, 381 ms with the write on a second). 0.8x of this copy would take sha256 at 2.3x this
+core's speed. Files are hashed in parallel (and copied while they are hashed); a `Checkpoint`'s files
+are hard-linked, not copied. A file registered before is not read again (the hash cache): "register
+again" copies 0 bytes. Loading materializes the version by hard links and verifies it (the same
+single-core bound for one big file); later loads are cached.
 """),
     "serve": Note("887b01e-dirty", """
 `trainforge serve models:/bench-mlp@prod` in a subprocess, an MLP 64-256-256-10 (`trainforge.model.Model`

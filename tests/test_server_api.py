@@ -19,6 +19,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import threading
 import time
 from typing import Any
@@ -41,6 +42,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     status_code_conformance,
 )
 
+from trainforge.server import _dashboard  # noqa: E402
 from trainforge.server._app import cookie_name, make_app  # noqa: E402
 from trainforge.server._config import ServerConfig, parse_resources  # noqa: E402
 from trainforge.server._runner import EVENTS_FILE, OUTPUT_FILE  # noqa: E402
@@ -67,7 +69,7 @@ class NoRunner:
         self.calls.append((job_id, workers, dict(grant)))
         s = self.service
         job = s.get(job_id)
-        s._requests.pop(job_id)  # as _start: the job no longer waits, and holds its grant
+        s._waiting.pop(job_id)  # as _start: the job no longer waits, and holds its grant
         s._grants[job_id] = dict(grant)
         s.store.update(
             job_id, "running", {"workers": workers, "grant": grant, "fake": True}, state=JobState.RUNNING, grant=grant,
@@ -881,9 +883,11 @@ def test_queue_order_and_reasons(make_api):
 
     r = api.get(f"{P}/queue")
     assert r.status_code == 200
+    assert (r.json()["total"], r.json()["next_offset"]) == (4, None)
+    entries = r.json()["entries"]
     queue = [
         (e["job_id"], e["pending"]["reason"], e["pending"]["position"], e["pending"]["text"])
-        for e in r.json()
+        for e in entries
     ]
     assert queue == [
         (urgent, "resources", 1, "needs 2 CPU, 1 free"),
@@ -891,9 +895,9 @@ def test_queue_order_and_reasons(make_api):
         (lacking, "resources", 2, "needs 2 CPU, 1 free"),
         (small, "reserved", 3, f"behind job {urgent}"),
     ]
-    first = r.json()[0]["pending"]
+    first = entries[0]["pending"]
     assert first["need"] == {"CPU": 2.0} and first["free"] == {"CPU": 1.0}
-    assert r.json()[3]["pending"]["behind"] == urgent
+    assert entries[3]["pending"]["behind"] == urgent
     assert api.get(f"{P}/jobs/{small}").json()["pending"]["text"] == f"behind job {urgent}"
     res = api.get(f"{P}/resources").json()
     assert res["granted"] == {"CPU": 3.0, "GPU": 1.0} and res["free"] == {"CPU": 1.0, "GPU": 0.0}
@@ -902,10 +906,51 @@ def test_queue_order_and_reasons(make_api):
     # The big job ends: the urgent one and then the lacking one start, the small one now lacks CPU.
     api.post(f"{P}/jobs/{big}/stop")
     assert [c[0] for c in api.starts.calls] == [big, gpu, urgent, lacking]
-    queue = [(e["job_id"], e["pending"]["text"]) for e in api.get(f"{P}/queue").json()]
+    queue = [(e["job_id"], e["pending"]["text"]) for e in api.get(f"{P}/queue").json()["entries"]]
     assert queue == [(held, "held"), (small, "needs 1 CPU, 0 free")]
     health = api.get(f"{P}/health").json()
     assert health["jobs"] == {"QUEUED": 1, "HELD": 1, "STARTING": 0, "RUNNING": 3, "STOPPING": 0}
+
+
+def test_the_queue_comes_a_page_at_a_time_and_the_pages_make_the_whole_queue(make_api):
+    api = make_api({"CPU": 2.0})
+    api.submit(per_worker={"CPU": 2})  # runs: everything after it waits
+    ids = [api.submit(per_worker={"CPU": 1}, hold=i % 3 == 0, priority=i % 2, name=f"w{i}")["id"] for i in range(9)]
+    whole = api.service.queue()
+    assert sorted(p.job_id for p in whole) == sorted(ids)
+    entries, offset = [], 0
+    while offset is not None:
+        page = api.get(f"{P}/queue", params={"offset": offset, "limit": 4}).json()
+        assert page["total"] == 9 and len(page["entries"]) <= 4
+        entries += page["entries"]
+        offset = page["next_offset"]
+    assert len(entries) == 9
+    assert [(e["job_id"], e["pending"]["position"], e["pending"]["text"]) for e in entries] == [
+        (p.job_id, p.position, p.describe()) for p in whole
+    ]
+    names = {j: f"w{i}" for i, j in enumerate(ids)}
+    assert all(e["name"] == names[e["job_id"]] for e in entries)
+    assert api.get(f"{P}/queue", params={"offset": 9}).json() == {"entries": [], "next_offset": None, "total": 9}
+    assert api.get(f"{P}/queue", params={"limit": 0}).status_code == 422
+
+
+def test_the_dashboards_queue_page_shows_a_page_and_links_the_others(make_api, monkeypatch):
+    monkeypatch.setattr(_dashboard, "QUEUE_PAGE", 2)
+    api = make_api({"CPU": 1.0})
+    api.submit()  # runs
+    ids = [api.submit(name=f"w{i}")["id"] for i in range(5)]
+
+    def shown(offset: int) -> tuple[list[int], str]:
+        html = api.get("/queue", params={"offset": offset}).text
+        rows = re.findall(r'<tr><td>\d+</td><td><a href="/jobs/(\d+)">', html)
+        return [int(r) for r in rows], re.search(r"<p class=pages>(.*?)</p>", html).group(1)
+
+    jobs, pages = shown(0)
+    assert jobs == ids[:2] and pages.startswith("1-2 of 5 waiting jobs") and "next" in pages and "previous" not in pages
+    jobs, pages = shown(2)
+    assert jobs == ids[2:4] and "offset=0" in pages and "offset=4" in pages
+    jobs, pages = shown(4)
+    assert jobs == ids[4:] and pages.startswith("5-5 of 5") and "next" not in pages
 
 
 # -- 5. logs ---------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from trainforge.server import Client
+
 SCRIPTS = Path(__file__).parent / "scripts"
 FIT = str(SCRIPTS / "server_cli_fit.py")
 END = str(SCRIPTS / "server_cli_end.py")
@@ -289,6 +291,7 @@ def test_queue_priority_hold_release_and_resources(train_server, tmp_path):
         (urgent, "resources", 1), (big, "resources", 2), (small, "reserved", 3)
     ]  # fmt: skip
     assert entries[2]["pending"]["behind"] == urgent
+    assert Client(state_dir=d).queue(limit=2) == entries[:2]  # the first page of the queue only
     # Only a waiting job's priority and hold can change.
     msg = one_line_error(tf(d, "hold", long))
     assert f"job {long} is RUNNING" in msg and "(HTTP 409)" in msg

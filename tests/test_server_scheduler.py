@@ -3,6 +3,7 @@ nothing, the answer is deterministic, the reservation rule holds, and no job wai
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -165,7 +166,7 @@ def test_blocked_is_the_first_job_lacking_resources_found_without_the_others_rea
     rest = [JobRequest(3 + i, seq=2 + i, per_worker={"CPU": 1}) for i in range(1000)]
     decision = decide([big, held, *rest], [], {"CPU": 4})
     assert [s.job_id for s in decision.starts] == [1]
-    assert decision.blocked == 3 and decision._rest is not None  # the 1000 reasons are not worked out yet
+    assert decision.blocked == 3 and decision._all is None  # the 1000 reasons are not worked out yet
     assert decision.pending[1] == Pending(3, 1, "resources", need={"CPU": 1.0}, free={"CPU": 0.0})
     assert decide([big], [], {"CPU": 4}).blocked is None
 
@@ -205,3 +206,61 @@ def test_stopping_the_scan_early_changes_nothing(queue, running_share, zero):
     assert decision.blocked == full.blocked == next((p.job_id for p in full.pending if p.reason == "resources"), None)
     assert sorted(decision.starts, key=lambda s: s.job_id) == sorted(full.starts, key=lambda s: s.job_id)
     assert decision.pending == full.pending
+
+
+def _churned(queue: list[JobRequest], rng: random.Random):
+    """A WaitingQueue that saw ``queue``'s jobs come in shuffled, some of them changed (priority, hold)
+    and put back, and extra jobs come and go: it must end up holding exactly ``queue``."""
+    from trainforge.server._scheduler import WaitingQueue
+
+    waiting = WaitingQueue()
+    jobs = list(queue)
+    rng.shuffle(jobs)
+    for job in jobs:
+        if rng.random() < 0.3:
+            waiting.put(dataclasses.replace(job, priority=job.priority + 1, held=not job.held))
+        waiting.put(job)
+        if rng.random() < 0.2:
+            waiting.put(JobRequest(job_id=5000 + job.job_id, seq=job.seq, per_worker={"CPU": 1.0}))
+    for job in jobs:
+        waiting.discard(5000 + job.job_id)
+    assert len(waiting) == len(queue) and all(j.job_id in waiting for j in queue)
+    return waiting
+
+
+@settings(max_examples=300, deadline=None)
+@given(queue=jobs(n_max=20), running_share=st.integers(0, 4), zero=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_a_waiting_queue_kept_up_to_date_decides_as_the_list_of_its_jobs(queue, running_share, zero, seed):
+    if zero:
+        queue = [*queue, JobRequest(job_id=999, seq=999, per_worker={}, min_workers=1)]
+    running = [{"CPU": 2.0 * running_share, "GPU": float(running_share % 3)}]
+    waiting = _churned(queue, random.Random(seed))
+    assert [j.job_id for j in waiting.ordered] == [j.job_id for j in sorted(queue, key=lambda j: (-j.priority, j.seq))]
+    expected, decision = decide(queue, running, CAPACITY), decide(waiting, running, CAPACITY)
+    assert (decision.blocked, decision.reserved) == (expected.blocked, expected.reserved)
+    assert decision == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(queue=jobs(n_max=30), running_share=st.integers(0, 4), zero=st.booleans(), data=st.data())
+def test_a_page_or_one_reason_is_that_of_the_whole_list(queue, running_share, zero, data):
+    """GET /queue shows a page, and a job's reply its own reason, without working out every reason:
+    each must be exactly what the whole list says."""
+    if zero:
+        queue = [*queue, JobRequest(job_id=999, seq=data.draw(st.integers(0, 30)), per_worker={}, min_workers=1)]
+    from trainforge.server._scheduler import _order, _Scan
+
+    running = [{"CPU": 2.0 * running_share, "GPU": float(running_share % 3)}]
+    full = _Scan(_order(queue), free_resources(CAPACITY, running))  # the whole queue walked, no lazy part
+    full.run(0, stop_when_saturated=False)
+    whole = full.pending
+    assert decide(queue, running, CAPACITY).pending == whole
+    offset, limit = data.draw(st.integers(0, len(whole) + 2)), data.draw(st.integers(1, 8))
+    decision = decide(queue, running, CAPACITY)
+    assert decision.waiting == len(whole)
+    assert decision.page(offset, limit) == whole[offset : offset + limit]
+    by_id = {p.job_id: p for p in whole}
+    decision = decide(queue, running, CAPACITY)
+    for job in data.draw(st.permutations(queue)):
+        assert decision.reason(job.job_id) == by_id.get(job.job_id)
+    assert decision.page(offset, limit) == whole[offset : offset + limit]

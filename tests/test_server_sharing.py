@@ -6,6 +6,7 @@ elastic jobs lend, and never with a victim the waiting job could do without."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -18,6 +19,7 @@ from trainforge.server._scheduler import (
     JobRequest,
     RunningJob,
     Team,
+    WaitingQueue,
     _order,
     _Scan,
     check_fits,
@@ -221,6 +223,32 @@ def test_stopping_the_scan_early_changes_nothing_with_quotas_and_fair_share(data
     assert decision.blocked == full.blocked
     assert sorted(decision.starts, key=lambda s: s.job_id) == sorted(full.starts, key=lambda s: s.job_id)
     assert decision.pending == full.pending
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), team=teams(), seed=st.integers(0, 2**32 - 1))
+def test_a_waiting_queue_pages_and_single_reasons_agree_with_the_whole_list(data, team, seed):
+    """The server's WaitingQueue (kept up to date, never sorted again) decides as the list of its jobs,
+    and a page of the reasons, or one job's, is exactly the whole list's, with quotas and fair share."""
+    queue = data.draw(queues(n_max=20, quotas=dict(team.quotas)))
+    running = [RunningJob(1, {"CPU": 2.0}, user="ann")]
+    jobs = list(queue)
+    random.Random(seed).shuffle(jobs)
+    waiting = WaitingQueue()
+    for job in jobs:
+        waiting.put(dataclasses.replace(job, priority=job.priority + 1))
+        waiting.put(job)
+    expected = decide(queue, running, CAPACITY, team)
+    assert decide(waiting, running, CAPACITY, team) == expected
+    full = _Scan(_order(queue, team, CAPACITY), free_resources(CAPACITY, [{"CPU": 2.0}]), team.quotas,
+                 {"ann": {"CPU": 2.0}} if team.quotas else {})  # fmt: skip
+    full.run(0, stop_when_saturated=False)  # the whole queue walked, no lazy part
+    whole = full.pending
+    offset, limit = data.draw(st.integers(0, len(whole))), data.draw(st.integers(1, 6))
+    decision = decide(waiting, running, CAPACITY, team)
+    assert decision.page(offset, limit) == whole[offset : offset + limit]
+    by_id = {p.job_id: p for p in whole}
+    assert [decision.reason(j.job_id) for j in jobs] == [by_id.get(j.job_id) for j in jobs]
 
 
 # -- preemption ---------------------------------------------------------------------------------------

@@ -91,13 +91,3 @@ def resolve_backend(config: BackendConfig) -> Backend:
             f"{type(config).__name__}.backend_cls must be a subclass of trainforge.backend.Backend, got {cls!r}."
         )
     return cls()
-
-
-def config_or_default(value: Any, cls: type[BackendConfig], owner: str, param: str, public: str) -> Any:
-    """A framework trainer's backend config: ``cls()`` for None, else ``value`` if it is a ``cls``
-    (TypeError naming ``owner(param=...)`` and the public class ``public`` otherwise)."""
-    if value is None:
-        return cls()
-    if not isinstance(value, cls):
-        raise TypeError(f"{owner}({param}={value!r}) must be a {public}, got {type(value).__name__}.")
-    return value

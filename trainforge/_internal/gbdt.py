@@ -30,17 +30,15 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from trainforge._internal.checkpoint import Checkpoint
-from trainforge._internal.session import get_context, report
-from trainforge._internal.trainer import DataParallelTrainer
+from trainforge._internal.framework_trainer import FrameworkTrainer
+from trainforge._internal.session import get_checkpoint, get_context, report
 
 TRAIN_KEY = "train"
 
 
-class GBDTTrainer(DataParallelTrainer):
+class GBDTTrainer(FrameworkTrainer):
     """Base of ``XGBoostTrainer`` and ``LightGBMTrainer`` (see the module docstring)."""
 
-    _framework = ""  # "xgboost" | "lightgbm": names in messages
-    _config_arg = ""  # the constructor argument taking the backend config ("xgboost_config")
     _legacy_loop: Callable[[dict[str, Any]], None]  # the built-in loop of the params= form
     _legacy_split: str | list[str] = "all"  # datasets_to_split of the params= form
 
@@ -48,14 +46,15 @@ class GBDTTrainer(DataParallelTrainer):
         self,
         train_loop_per_worker: Callable[..., Any] | None,
         legacy: dict[str, Any],
+        backend_config: Any,
         *,
         train_loop_config: dict[str, Any] | None,
-        backend_config: Any,
         datasets: dict[str, Any] | None,
         dataset_config: Any,
         run_config: Any,
         **common: Any,
     ) -> None:
+        """The constructor's body: ``legacy`` holds the arguments of the form without a train loop."""
         given = {k: v for k, v in legacy.items() if v is not None and v != {}}
         if train_loop_per_worker is not None:
             if given:
@@ -67,10 +66,10 @@ class GBDTTrainer(DataParallelTrainer):
         else:
             train_loop_config, dataset_config = self._legacy_form(legacy, train_loop_config, datasets, dataset_config, run_config)
             train_loop_per_worker = type(self)._legacy_loop
-        super().__init__(
+        self._init_framework(
             train_loop_per_worker,
+            backend_config,
             train_loop_config=train_loop_config,
-            backend_config=backend_config,
             datasets=datasets,
             dataset_config=dataset_config,
             run_config=run_config,
@@ -124,9 +123,6 @@ class GBDTTrainer(DataParallelTrainer):
             "checkpoint_at_end": getattr(cc, "checkpoint_at_end", None) is not False,
         }
         return config, dataset_config if dataset_config is not None else {"datasets_to_split": self._legacy_split}
-
-    def _backend_state(self) -> dict[str, Any]:
-        return {self._config_arg: self.backend_config}
 
     # param_space keys a tuner merges into train_loop_config for this trainer (the params= form:
     # Tuner(XGBoostTrainer(params=..., ...), param_space={"params": {"max_depth": tune.randint(2, 8)}}).
@@ -197,17 +193,76 @@ def _scalar(value: Any) -> Any:
         return value
 
 
-def check_callback_args(cls_name: str, metrics: Any, frequency: Any) -> None:
-    if metrics is not None and not isinstance(metrics, (str, list, tuple, dict)):
-        raise ValueError(
-            f"{cls_name}(metrics={metrics!r}) is not valid: use None (every logged metric), a metric key "
-            "such as 'train-rmse', a list of them, or a dict {reported_name: metric_key}."
-        )
-    if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 0:
-        raise ValueError(
-            f"{cls_name}(frequency={frequency!r}) is not valid: it must be an int >= 0 (checkpoint every that "
-            "many boosting rounds; 0: only at the end)."
-        )
+class ReportCallback:
+    """What the XGBoost and LightGBM ``RayTrainReportCallback`` share: their arguments (checked here)
+    and saving the booster into a checkpoint directory. ``filename`` None: the class's
+    ``CHECKPOINT_NAME``. Subclasses report from the framework's callback hook."""
+
+    CHECKPOINT_NAME = ""  # the booster's file in a checkpoint: "model.ubj" (XGBoost), "model.txt" (LightGBM)
+
+    def __init__(
+        self,
+        metrics: str | list[str] | dict[str, str] | None = None,
+        filename: str | None = None,
+        frequency: int = 0,
+        checkpoint_at_end: bool = True,
+        results_postprocessing_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
+        name = type(self).__name__
+        if metrics is not None and not isinstance(metrics, (str, list, tuple, dict)):
+            raise ValueError(
+                f"{name}(metrics={metrics!r}) is not valid: use None (every logged metric), a metric key "
+                "such as 'train-rmse', a list of them, or a dict {reported_name: metric_key}."
+            )
+        if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 0:
+            raise ValueError(
+                f"{name}(frequency={frequency!r}) is not valid: it must be an int >= 0 (checkpoint every that "
+                "many boosting rounds; 0: only at the end)."
+            )
+        self._import_framework()  # a missing framework raises here, naming the extra to install
+        super().__init__()  # the framework's callback base, where it has one (XGBoost's TrainingCallback)
+        self._metrics = metrics
+        self._filename = filename if filename is not None else self.CHECKPOINT_NAME
+        self._frequency = frequency
+        self._checkpoint_at_end = checkpoint_at_end
+        self._postprocess = results_postprocessing_fn
+        # Files to write beside the booster in each checkpoint (the params= form's "model_files": the
+        # model object's model.json, so that a checkpoint of ModelTrainer is a model directory).
+        self._model_files: Callable[[str], None] | None = None
+
+    @classmethod
+    def get_model(cls, checkpoint: Checkpoint) -> Any:
+        """The booster saved in ``checkpoint``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def rounds_of(booster: Any) -> int:
+        """The boosting rounds ``booster`` holds."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _import_framework() -> None:
+        """Import the framework (ImportError naming the extra when it is missing); by default it is
+        imported with the subclass's module."""
+
+    def _save(self, model: Any, directory: str) -> None:
+        model.save_model(os.path.join(directory, self._filename))
+        if self._model_files is not None:
+            self._model_files(directory)
+
+
+def legacy_start(config: dict[str, Any], callback_cls: type[ReportCallback]) -> tuple[Any, int, Any]:
+    """Where the built-in loop of the ``params=`` form starts: the booster of the latest checkpoint
+    (None on a first attempt), the rounds still to boost, and the report callback checkpointing as
+    the run config says."""
+    start, rounds = None, config["num_boost_round"]
+    checkpoint = get_checkpoint()
+    if checkpoint is not None:
+        start = callback_cls.get_model(checkpoint)
+        rounds = max(0, rounds - callback_cls.rounds_of(start))
+    callback = callback_cls(frequency=config["checkpoint_frequency"], checkpoint_at_end=config["checkpoint_at_end"])
+    callback._model_files = config.get("model_files")
+    return start, rounds, callback
 
 
 def report_with_model(metrics: dict[str, Any], save: Callable[[str], None] | None) -> None:

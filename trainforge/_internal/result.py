@@ -9,6 +9,7 @@ from typing import Any
 from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.config import CheckpointConfig
 from trainforge._internal.exceptions import WorkerFailure
+from trainforge._internal.metric_path import flat_keys, lookup
 
 
 @dataclass
@@ -75,9 +76,9 @@ class Result:
             raise ValueError(f"Result.get_best_checkpoint(mode={mode!r}): mode must be 'max' or 'min'.")
         if not self.best_checkpoints:
             return None
-        scored = [(c, v) for c, m in self.best_checkpoints if (v := _lookup(m, metric)) is not None]
+        scored = [(c, v) for c, m in self.best_checkpoints if (v := lookup(m, metric)) is not None]
         if not scored:
-            names = sorted({k for _, m in self.best_checkpoints for k in _flat_keys(m)})
+            names = sorted({k for _, m in self.best_checkpoints for k in flat_keys(m)})
             raise ValueError(
                 f"Result.get_best_checkpoint(metric={metric!r}): none of the {len(self.best_checkpoints)} "
                 f"checkpoints was reported with metric {metric!r}. Metrics reported with them: {names}."
@@ -118,25 +119,3 @@ class Result:
             filesystem=storage.fs,
             failures=failures,
         )
-
-
-def _lookup(metrics: dict[str, Any], metric: str) -> Any:
-    """``metrics[metric]``, or the nested value at ``"a/b"``; None when absent."""
-    if metric in metrics:
-        return metrics[metric]
-    value: Any = metrics
-    for part in metric.split("/"):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
-
-
-def _flat_keys(metrics: dict[str, Any], prefix: str = "") -> list[str]:
-    """Every metric name ``_lookup`` finds: top-level keys, nested ones as ``"a/b"``."""
-    out = []
-    for key, value in metrics.items():
-        out.append(prefix + str(key))
-        if isinstance(value, dict):
-            out += _flat_keys(value, f"{prefix}{key}/")
-    return out

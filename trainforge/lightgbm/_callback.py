@@ -3,16 +3,14 @@ the booster is checkpointed every ``frequency`` rounds and after the last one, b
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
 from typing import Any
 
 from trainforge import Checkpoint
-from trainforge._internal.gbdt import check_callback_args, checkpoint_file, report_dict, report_with_model
+from trainforge._internal.gbdt import ReportCallback, checkpoint_file, report_dict, report_with_model
 from trainforge.lightgbm._imports import import_lightgbm
 
 
-class RayTrainReportCallback:
+class RayTrainReportCallback(ReportCallback):
     """Report ``lightgbm.train``'s evaluation metrics after every round, and checkpoint the booster.
 
     Example::
@@ -31,7 +29,7 @@ class RayTrainReportCallback:
 
     Metrics are named ``"<valid name>-<metric>"`` (``valid-binary_logloss``). ``metrics``: report
     only these keys (a str or list), or ``{reported_name: key}`` to rename. ``filename``: the
-    booster's file in the checkpoint (``model.txt``). ``frequency``: checkpoint every that many
+    booster's file in the checkpoint (default ``model.txt``). ``frequency``: checkpoint every that many
     rounds (0: none during training). ``checkpoint_at_end``: checkpoint after the last round too.
     ``results_postprocessing_fn``: maps the dict before it is reported. Every rank reports each
     round; rank 0 alone writes the checkpoint.
@@ -41,24 +39,9 @@ class RayTrainReportCallback:
     order = 20  # LightGBM runs callbacks in this order: after its log_evaluation (10), before early stopping (30)
     before_iteration = False
 
-    def __init__(
-        self,
-        metrics: str | list[str] | dict[str, str] | None = None,
-        filename: str = CHECKPOINT_NAME,
-        frequency: int = 0,
-        checkpoint_at_end: bool = True,
-        results_postprocessing_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-    ) -> None:
-        check_callback_args(type(self).__name__, metrics, frequency)
+    @staticmethod
+    def _import_framework() -> None:
         import_lightgbm()
-        self._metrics = metrics
-        self._filename = filename
-        self._frequency = frequency
-        self._checkpoint_at_end = checkpoint_at_end
-        self._postprocess = results_postprocessing_fn
-        # Files to write beside the booster in each checkpoint (the params= form's "model_files": the
-        # model object's model.json, so that a checkpoint of ModelTrainer is a model directory).
-        self._model_files: Callable[[str], None] | None = None
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint, filename: str = CHECKPOINT_NAME) -> Any:
@@ -66,6 +49,10 @@ class RayTrainReportCallback:
         lightgbm = import_lightgbm()
         with checkpoint_file(checkpoint, filename, f"{cls.__name__}.get_model") as path:
             return lightgbm.Booster(model_file=path)
+
+    @staticmethod
+    def rounds_of(booster: Any) -> int:
+        return int(booster.current_iteration())
 
     def __call__(self, env: Any) -> None:
         evals = ((item[0], item[1], item[2]) for item in env.evaluation_result_list or ())
@@ -75,8 +62,3 @@ class RayTrainReportCallback:
             self._checkpoint_at_end and done == env.end_iteration
         )
         report_with_model(metrics, (lambda directory: self._save(env.model, directory)) if checkpoint else None)
-
-    def _save(self, model: Any, directory: str) -> None:
-        model.save_model(os.path.join(directory, self._filename))
-        if self._model_files is not None:
-            self._model_files(directory)

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trainforge import Checkpoint, get_checkpoint
-from trainforge._internal.backend import config_or_default
+from trainforge import Checkpoint
 from trainforge._internal.extras import require
-from trainforge._internal.gbdt import GBDTTrainer, shard_frame, split_label
+from trainforge._internal.gbdt import GBDTTrainer, legacy_start, shard_frame, split_label
 from trainforge.lightgbm._config import LightGBMConfig, get_network_params
 from trainforge.lightgbm._imports import import_lightgbm
 
@@ -28,15 +27,7 @@ def _legacy_loop(config: dict[str, Any]) -> None:
         reference = sets[0] if sets else None
         sets.append(lightgbm.Dataset(features, label=labels, reference=reference, **dataset_params.get(name, {})))
     params = {"tree_learner": "data_parallel", "pre_partition": True, **config["params"], **get_network_params()}
-    start, rounds = None, config["num_boost_round"]
-    checkpoint = get_checkpoint()
-    if checkpoint is not None:
-        start = RayTrainReportCallback.get_model(checkpoint)
-        rounds = max(0, rounds - start.current_iteration())
-    callback = RayTrainReportCallback(
-        frequency=config["checkpoint_frequency"], checkpoint_at_end=config["checkpoint_at_end"]
-    )
-    callback._model_files = config.get("model_files")
+    start, rounds, callback = legacy_start(config, RayTrainReportCallback)
     lightgbm.train(
         params, sets[0], num_boost_round=rounds, valid_sets=sets, valid_names=config["dataset_names"],
         init_model=start, callbacks=[callback], **(config.get("train_kwargs") or {}),
@@ -79,7 +70,7 @@ class LightGBMTrainer(GBDTTrainer):
     """
 
     _framework = "lightgbm"
-    _config_arg = "lightgbm_config"
+    _config_cls = LightGBMConfig
     _preload_modules = ("lightgbm",)
     _legacy_loop = staticmethod(_legacy_loop)
     _legacy_split = ["train"]  # LightGBM's metrics are per worker: evaluate the whole validation sets
@@ -103,19 +94,19 @@ class LightGBMTrainer(GBDTTrainer):
         dataset_params: dict[str, dict[str, Any]] | None = None,
         **train_kwargs: Any,
     ):
-        lightgbm_config = config_or_default(lightgbm_config, LightGBMConfig, "LightGBMTrainer", "lightgbm_config",
-                                            "trainforge.lightgbm.LightGBMConfig")  # fmt: skip
-        # Checked, not imported: the driver never needs LightGBM itself (about a second), the workers do.
-        require("lightgbm", "lightgbm", "LightGBMTrainer")
         legacy = {
             "label_column": label_column, "params": params, "num_boost_round": num_boost_round,
             "dataset_params": dataset_params, "train_kwargs": train_kwargs,
         }  # fmt: skip
         self._init_gbdt(
-            train_loop_per_worker, legacy, train_loop_config=train_loop_config, backend_config=lightgbm_config,
+            train_loop_per_worker, legacy, lightgbm_config, train_loop_config=train_loop_config,
             datasets=datasets, dataset_config=dataset_config, run_config=run_config, scaling_config=scaling_config,
             metadata=metadata, resume_from_checkpoint=resume_from_checkpoint, worker_init_fn=worker_init_fn,
         )  # fmt: skip
+
+    def _check_installed(self) -> None:
+        # Checked, not imported: the driver never needs LightGBM itself (about a second), the workers do.
+        require("lightgbm", "lightgbm", type(self).__name__)
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint) -> Any:

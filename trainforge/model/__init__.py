@@ -38,6 +38,7 @@ trains a definition registered with ``Registry.put``.
 """
 
 from trainforge.model._artifact import class_path as class_path
+from trainforge.model._artifact import import_path as import_path
 from trainforge.model._artifact import load_model as load_model
 from trainforge.model._artifact import read_definition as read_definition
 from trainforge.model._artifact import read_manifest as read_manifest
@@ -60,6 +61,7 @@ from trainforge.model._keras import KerasModel
 from trainforge.model._managed import DEFINITION_KEY as DEFINITION_KEY
 from trainforge.model._managed import is_managed as is_managed
 from trainforge.model._model import Model
+from trainforge.model._steps import supervised as supervised
 from trainforge.model._support import torch_module as torch_module
 from trainforge.model._trainer import ModelTrainer
 
@@ -69,8 +71,8 @@ __all__ = ["BATCH_SIZE", "BaseModel", "Data", "EarlyStopping", "KerasModel", "Li
 # Not user API: what the registry, serving, Tune and the RaySGD and Ray Train 1.x ports use of the
 # model object (how a model directory and a definition are named, written, read and loaded; the
 # metadata key naming a run's definition; whether a trainer is a managed one; the loop's reserved
-# metric names; the driver -> workers command channel of a worker group that stays up).
+# metric names and its (*features, target) batch rule; the driver -> workers command channel of a worker group that stays up).
 PLATFORM_INTERFACE = ("BATCH_COUNT", "DEFINITION_KEY", "DRIVER_KEY", "NUM_SAMPLES", "Command", "CommandClient",
-                      "CommandServer", "ModelDefinition", "check_data", "class_path", "driver_host", "is_managed",
-                      "is_model_class", "load_model", "read_definition", "read_manifest", "torch_module",
-                      "write_definition")  # fmt: skip
+                      "CommandServer", "ModelDefinition", "check_data", "class_path", "driver_host", "import_path",
+                      "is_managed", "is_model_class", "load_model", "read_definition", "read_manifest", "supervised",
+                      "torch_module", "write_definition")  # fmt: skip

@@ -29,11 +29,14 @@ def like(items: list[Any], original: Any) -> Any:
     return items[0] if items else None
 
 
-def supervised(batch: Any, hook: str) -> Any:
+def supervised(batch: Any, hook: str, hook_args: str = "batch, batch_idx") -> Any:
+    """``batch`` when it is ``(*features, target)``, for the default ``hook``; otherwise a ValueError
+    that says to write one's own ``hook(hook_args)`` (the RaySGD operator's hooks take ``batch,
+    batch_info``)."""
     if not isinstance(batch, (tuple, list)) or len(batch) < 2:
         raise ValueError(
             f"the default {hook} takes (*features, target) batches, got {type(batch).__name__}; write your "
-            f"own {hook}(batch, batch_idx) for other batches."
+            f"own {hook}({hook_args}) for other batches."
         )
     return batch
 

@@ -25,6 +25,8 @@ import json
 import sys
 from typing import Any
 
+from trainforge._internal.key_values import parse_key_values
+
 
 def add_commands(sub: Any) -> None:
     p = sub.add_parser("models", help="the model registry: list, register, alias, push/pull, delete, gc",
@@ -32,16 +34,19 @@ def add_commands(sub: Any) -> None:
     common = _common()
     msub = p.add_subparsers(dest="models_command", required=True)
 
-    c = msub.add_parser("list", parents=[common], help="every model")
-    c.set_defaults(func=_run(_list))
-    c = msub.add_parser("versions", parents=[common], help="a model's versions")
-    c.add_argument("name")
-    c.set_defaults(func=_run(_versions))
-    c = msub.add_parser("show", parents=[common], help="one version: files, metrics, lineage")
-    c.add_argument("ref", help="models:/name/3, models:/name@alias or models:/name (the latest)")
-    c.set_defaults(func=_run(_show))
+    def command(parent: Any, name: str, run: Any, summary: str) -> Any:
+        """Subcommand ``name`` of ``parent``, with the common options: ``run(registry, args)`` runs it."""
+        c = parent.add_parser(name, parents=[common], help=summary)
+        c.set_defaults(func=_run(run))
+        return c
 
-    c = msub.add_parser("register", parents=[common], help="register a checkpoint or directory as the next version")
+    command(msub, "list", _list, "every model")
+    c = command(msub, "versions", _versions, "a model's versions")
+    c.add_argument("name")
+    c = command(msub, "show", _show, "one version: files, metrics, lineage")
+    c.add_argument("ref", help="models:/name/3, models:/name@alias or models:/name (the latest)")
+
+    c = command(msub, "register", _register, "register a checkpoint or directory as the next version")
     c.add_argument("name")
     c.add_argument("source", help="a directory or URL of the files (a checkpoint, a Model.save directory)")
     how = c.add_mutually_exclusive_group()
@@ -52,58 +57,47 @@ def add_commands(sub: Any) -> None:
     c.add_argument("--description")
     c.add_argument("--alias", help="point this alias at the new version")
     c.add_argument("--by", help="who registers it (default user@host)")
-    c.set_defaults(func=_run(_register))
 
     a = msub.add_parser("alias", help="set, move, remove an alias, or show its history")
     asub = a.add_subparsers(dest="alias_command", required=True)
-    c = asub.add_parser("set", parents=[common], help="point ALIAS at VERSION (set or move it)")
+    c = command(asub, "set", _alias_set, "point ALIAS at VERSION (set or move it)")
     c.add_argument("name")
     c.add_argument("alias")
     c.add_argument("version", type=int)
     c.add_argument("--by", help="who moves it (default user@host)")
-    c.set_defaults(func=_run(_alias_set))
-    c = asub.add_parser("rm", parents=[common], help="remove ALIAS (its history keeps the removal)")
+    c = command(asub, "rm", _alias_rm, "remove ALIAS (its history keeps the removal)")
     c.add_argument("name")
     c.add_argument("alias")
     c.add_argument("--by")
-    c.set_defaults(func=_run(_alias_rm))
-    c = asub.add_parser("history", parents=[common], help="every move of the model's aliases (or of one)")
+    c = command(asub, "history", _alias_history, "every move of the model's aliases (or of one)")
     c.add_argument("name")
     c.add_argument("alias", nargs="?")
-    c.set_defaults(func=_run(_alias_history))
 
-    c = msub.add_parser("delete", parents=[common], help="delete a version (refused while an alias points at it)")
+    c = command(msub, "delete", _delete, "delete a version (refused while an alias points at it)")
     c.add_argument("name")
     c.add_argument("version", type=int)
     c.add_argument("--force", action="store_true", help="delete it even when aliases point at it (they go too)")
-    c.set_defaults(func=_run(_delete))
-    c = msub.add_parser("gc", parents=[common], help="remove stored files that no version refers to")
-    c.set_defaults(func=_run(_gc))
+    command(msub, "gc", _gc, "remove stored files that no version refers to")
 
-    c = msub.add_parser("put", parents=[common], help="register a model definition: its class, default config, no weights")
+    c = command(msub, "put", _put, "register a model definition: its class, default config, no weights")
     c.add_argument("name")
     c.add_argument("model_class", metavar="MODULE:CLASS", help="the model class (trainforge.model.Model, XGBoostModel, ...)")
     c.add_argument("--config", action="append", default=[], metavar="KEY=VALUE", help="a default config value (repeatable)")
     c.add_argument("--data", metavar="MODULE:CLASS", help="its default trainforge.model.Data class")
     c.add_argument("--description")
     c.add_argument("--by", help="who registers it (default user@host)")
-    c.set_defaults(func=_run(_put))
-    c = msub.add_parser("lineage", parents=[common], help="definitions -> runs -> trained versions -> aliases")
+    c = command(msub, "lineage", _lineage, "definitions -> runs -> trained versions -> aliases")
     c.add_argument("name")
-    c.set_defaults(func=_run(_lineage))
 
-    c = msub.add_parser("push", parents=[common], help="copy a version or a whole model to another registry")
+    c = command(msub, "push", _push, "copy a version or a whole model to another registry")
     c.add_argument("ref", help="name/3 or name@alias (one version) or name (every version and alias)")
     c.add_argument("dest", help="the other registry's directory or URL")
-    c.set_defaults(func=_run(_push))
-    c = msub.add_parser("pull", parents=[common], help="copy a version's files into a local directory, verified")
+    c = command(msub, "pull", _pull, "copy a version's files into a local directory, verified")
     c.add_argument("ref")
     c.add_argument("dir")
-    c.set_defaults(func=_run(_pull))
-    c = msub.add_parser("pull-from", parents=[common], help="copy a version or model from another registry into this one")
+    c = command(msub, "pull-from", _pull_from, "copy a version or model from another registry into this one")
     c.add_argument("source", help="the other registry's directory or URL")
     c.add_argument("ref")
-    c.set_defaults(func=_run(_pull_from))
 
 
 def _common() -> Any:
@@ -198,19 +192,6 @@ def _show(reg: Any, args: Any) -> None:
     _out(args, mv.to_dict(), "\n".join(lines))
 
 
-def _pairs(items: list[str], what: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--{what} {item!r}: give KEY=VALUE")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
-
-
 def _progress() -> Any:
     if not sys.stderr.isatty():
         return None
@@ -230,7 +211,7 @@ def _transfer(reg: Any) -> str:
 
 def _register(reg: Any, args: Any) -> None:
     mv = reg.register(args.name, args.source, model_cls=args.model_class, loader=args.loader,
-                      metrics=_pairs(args.metric, "metric") or None, tags=_pairs(args.tag, "tag"),
+                      metrics=parse_key_values(args.metric, "metric") or None, tags=parse_key_values(args.tag, "tag"),
                       description=args.description, alias=args.alias, by=args.by, progress=_progress())  # fmt: skip
     alias = f", alias {args.alias} -> {mv.version}" if args.alias else ""
     _out(args, mv.to_dict(), f"registered {mv.uri} in {reg.url}: {_transfer(reg)}{alias}")
@@ -286,12 +267,12 @@ def _pull_from(reg: Any, args: Any) -> None:
 
 
 def _put(reg: Any, args: Any) -> None:
-    from trainforge.registry._manifest import import_object as import_path
+    from trainforge.model import import_path
 
     for what, path in (("MODULE:CLASS", args.model_class), ("--data", args.data)):
         if path is not None and ":" not in path:
             raise ValueError(f"{what} {path!r}: give module:Class")
-    mv = reg.put(import_path(args.model_class), args.name, config=_pairs(args.config, "config"),
+    mv = reg.put(import_path(args.model_class), args.name, config=parse_key_values(args.config, "config"),
                  data=import_path(args.data) if args.data else None, description=args.description, by=args.by)  # fmt: skip
     _out(args, mv.to_dict(), f"registered the definition {mv.uri} ({mv.model_class}) in {reg.url}")
 

@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import functools
 import getpass
-import importlib
 import json
 import os
 import socket
@@ -56,30 +55,16 @@ def json_dict(value: Any, field: str) -> dict[str, Any]:
     return out
 
 
-def import_object(path: str) -> Any:
-    """The object ``"module:QualName"`` names."""
-    module, _, qualname = path.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _import_path(obj: Any) -> str | None:
-    """``"module:QualName"`` when importing it gives ``obj`` back; None otherwise."""
-    from trainforge.model import class_path
-
-    return class_path(obj)
-
-
 def _loader_path(loader: Any) -> str | None:
     if loader is None:
         return None
+    from trainforge.model import class_path, import_path
+
     if isinstance(loader, str):
         if ":" not in loader:
             raise ValueError(f"loader={loader!r}: give 'module:function' (or the function itself)")
         try:
-            fn = import_object(loader)
+            fn = import_path(loader)
         except (ImportError, AttributeError) as exc:
             raise ValueError(f"loader={loader!r} cannot be imported here: {exc}") from None
         if not callable(fn):
@@ -87,7 +72,7 @@ def _loader_path(loader: Any) -> str | None:
         return loader
     if not callable(loader):
         raise ValueError(f"loader={loader!r}: give a function taking the model's directory (or 'module:function')")
-    path = _import_path(loader)
+    path = class_path(loader)
     if path is None:
         raise ValueError(
             f"loader={getattr(loader, '__qualname__', loader)!r} has no import path (it is defined in __main__, "
@@ -99,9 +84,9 @@ def _loader_path(loader: Any) -> str | None:
 def _model_class(model_cls: Any, directory: str, files: dict[str, str]) -> str | None:
     if model_cls is None:
         return None
-    from trainforge.model import is_model_class
+    from trainforge.model import class_path, import_path, is_model_class
 
-    cls: Any = (import_object(model_cls) if ":" in model_cls else None) if isinstance(model_cls, str) else model_cls
+    cls: Any = (import_path(model_cls) if ":" in model_cls else None) if isinstance(model_cls, str) else model_cls
     if not is_model_class(cls):
         raise ValueError(f"model_cls={model_cls!r}: give a model class (a subclass of trainforge.model.Model, "
                          "XGBoostModel, LightGBMModel or KerasModel), or use loader=")  # fmt: skip
@@ -110,7 +95,7 @@ def _model_class(model_cls: Any, directory: str, files: dict[str, str]) -> str |
             f"model_cls={cls.__qualname__}: {directory} holds no model.json, so it was not written by "
             "Model.save() or ModelTrainer; save the model with model.save(directory), or use loader="
         )
-    return _import_path(cls) or cls.__qualname__
+    return class_path(cls) or cls.__qualname__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,11 +147,13 @@ def build(uri: str, directory: str, model_class: str | None, loader: str | None,
     """The model object of version ``uri`` from its files in ``directory``: its ``loader(directory)``,
     or its model class rebuilt with its trained state (torch: on the CPU, in eval mode); for a
     definition, an untrained model from its config updated with ``config``."""
+    from trainforge.model import import_path
+
     if loader:
         if config is not None:
             raise ValueError(f"config={config!r}: {uri} is loaded by its loader {loader}, which takes no config")
         try:
-            fn = import_object(loader)
+            fn = import_path(loader)
         except (ImportError, AttributeError) as exc:
             raise ImportError(f"{uri}: its loader {loader} cannot be imported here ({exc}): install or "
                               "add to sys.path the module that defines it") from exc  # fmt: skip

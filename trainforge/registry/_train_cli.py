@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from trainforge.registry._cli import _pairs
+from trainforge._internal.key_values import parse_key_values
 
 
 def add_commands(sub: Any) -> None:
@@ -47,9 +47,8 @@ def add_commands(sub: Any) -> None:
 def build_trainer(args: Any) -> tuple[Any, Any, Any]:
     """(the trainer, the registry, the definition's model name) for ``args``."""
     from trainforge import RunConfig, ScalingConfig
-    from trainforge.model import LoopConfig, ModelTrainer
+    from trainforge.model import LoopConfig, ModelTrainer, import_path
     from trainforge.registry import Registry, parse_model_uri
-    from trainforge.registry._manifest import import_object as import_path
 
     ref = parse_model_uri(args.model)
     reg = Registry(args.registry or ref.registry)
@@ -67,7 +66,7 @@ def build_trainer(args: Any) -> tuple[Any, Any, Any]:
             raise ValueError(f"--epochs is the PyTorch managed loop's; {definition.model_cls.__qualname__} is a "
                              f"{definition.model_cls.framework} model: set its rounds or epochs with --config")  # fmt: skip
         options["loop_config"] = LoopConfig(num_epochs=args.epochs)
-    trainer = ModelTrainer(definition, config=_pairs(args.config, "config"), data=data,
+    trainer = ModelTrainer(definition, config=parse_key_values(args.config, "config"), data=data,
                            scaling_config=ScalingConfig(num_workers=args.workers),
                            run_config=RunConfig(storage_path=args.storage_path, name=args.name), **options)  # fmt: skip
     return trainer, reg, ref.name

@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+from trainforge._internal.key_values import parse_key_values
 from trainforge.server._cli_listing import (
     client,
     jobs_command,
@@ -57,14 +58,9 @@ def add_commands(sub: Any) -> None:
                        "default: $TRAINFORGE_REGISTRY, else ~/trainforge/registry)")  # fmt: skip
     add_start_options(start)
     start.set_defaults(func=_server_start)
-    status = ssub.add_parser("status", help="is a server running, where, with which jobs")
-    _state_dir(status)
-    _json(status)
-    status.set_defaults(func=_server_status)
-    stop = ssub.add_parser("stop", help="stop the server (running jobs go on unless --stop-jobs)")
-    _state_dir(stop)
+    _command(ssub, "status", _server_status, "is a server running, where, with which jobs", _state_dir, _json)
+    stop = _command(ssub, "stop", _server_stop, "stop the server (running jobs go on unless --stop-jobs)", _state_dir)
     stop.add_argument("--stop-jobs", action="store_true", help="stop every running job first")
-    stop.set_defaults(func=_server_stop)
     add_team_commands(sub, ssub, _address)
 
     submit = sub.add_parser("submit", help="queue a job: a script, or module:function returning a trainer")
@@ -89,13 +85,10 @@ def add_commands(sub: Any) -> None:
     _address(submit)
     submit.set_defaults(func=_submit)
 
-    jobs = sub.add_parser("jobs", help="list jobs, newest first")
+    jobs = _command(sub, "jobs", jobs_command, "list jobs, newest first", _address, _json)
     jobs.add_argument("--state", action="append", help="only jobs in this state (repeatable)")
     jobs.add_argument("--limit", type=int, default=50, help="the newest N (default 50)")
     jobs.add_argument("--all", action="store_true", help="every job (however many)")
-    _address(jobs)
-    _json(jobs)
-    jobs.set_defaults(func=jobs_command)
     for verb, helptext, func in (
         ("status", "one job: state, why it waits, its grant, last metrics", _status),
         ("hold", "keep a queued job from starting", _hold),
@@ -110,35 +103,33 @@ def add_commands(sub: Any) -> None:
         if verb == "status":
             _json(p)
         p.set_defaults(func=func)
-    prio = sub.add_parser("priority", help="change a queued job's priority")
+    prio = _command(sub, "priority", _priority, "change a queued job's priority", _address)
     prio.add_argument("job_id", type=int)
     prio.add_argument("priority", type=int)
-    _address(prio)
-    prio.set_defaults(func=_priority)
-    logs = sub.add_parser("logs", help="a job's output")
+    logs = _command(sub, "logs", logs_command, "a job's output", _address)
     logs.add_argument("job_id", type=int)
     logs.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
     logs.add_argument("--rank", type=int, help="that rank's own log")
     logs.add_argument("--tail", type=int, help="only the last N lines")
-    _address(logs)
-    logs.set_defaults(func=logs_command)
-    stop_job = sub.add_parser("stop", help="stop a job (as Ctrl-C, then kill what is left)")
+    stop_job = _command(sub, "stop", _stop, "stop a job (as Ctrl-C, then kill what is left)", _address)
     stop_job.add_argument("job_id", type=int)
     stop_job.add_argument("--force", action="store_true", help="kill at once")
     stop_job.add_argument("--grace", type=float, help="seconds to end cleanly before the kill")
-    _address(stop_job)
-    stop_job.set_defaults(func=_stop)
-    queue = sub.add_parser("queue", help="waiting jobs in the order they will start, with their reasons")
-    _address(queue)
-    _json(queue)
-    queue.set_defaults(func=queue_command)
-    res = sub.add_parser("resources", help="capacity, granted and free resources; who holds which GPU")
-    _address(res)
-    _json(res)
-    res.set_defaults(func=resources_command)
-    dash = sub.add_parser("dashboard", help="print the dashboard's URL (with the token that opens it)")
-    _address(dash)
-    dash.set_defaults(func=_dashboard)
+    _command(sub, "queue", queue_command, "waiting jobs in the order they will start, with their reasons", _address,
+             _json)  # fmt: skip
+    _command(sub, "resources", resources_command, "capacity, granted and free resources; who holds which GPU",
+             _address, _json)  # fmt: skip
+    _command(sub, "dashboard", _dashboard, "print the dashboard's URL (with the token that opens it)", _address)
+
+
+def _command(sub: Any, name: str, run: Any, summary: str, *options: Any) -> Any:
+    """Subcommand ``name`` run by ``run(args)``, with the common ``options`` (``_address``, ``_json``,
+    ``_state_dir``: each adds its arguments)."""
+    p = sub.add_parser(name, help=summary)
+    for add in options:
+        add(p)
+    p.set_defaults(func=run)
+    return p
 
 
 def _state_dir(p: Any) -> None:
@@ -302,17 +293,13 @@ def _submit(args: Any) -> int:
         if not sep:
             raise SystemExit(f"trainforge submit: --env {item!r}: write KEY=VALUE")
         env[key] = value
-    config: dict[str, Any] = {}
-    for item in args.config:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"trainforge submit: --config {item!r}: write KEY=VALUE, e.g. --config lr=0.01")
-        try:
-            config[key] = json.loads(value)
-        except ValueError:
-            config[key] = value
-        if isinstance(config[key], (dict, list)):
-            raise SystemExit(f"trainforge submit: --config {item!r}: give one number, true/false or text")
+    try:
+        config = parse_key_values(args.config, "config")
+    except ValueError as exc:
+        raise SystemExit(f"trainforge submit: {exc}, e.g. --config lr=0.01") from None
+    for key, value in config.items():
+        if isinstance(value, (dict, list)):
+            raise SystemExit(f"trainforge submit: --config {key}={json.dumps(value)}: give one number, true/false or text")
     spec: dict[str, Any] = {
         "workers": low, "per_worker": per_worker, "priority": args.priority, "hold": args.hold,
         "max_retries": args.max_retries, "env": env, "cwd": os.getcwd(), "args": list(args.args),

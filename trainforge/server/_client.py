@@ -333,8 +333,17 @@ class Client:
             params["before"] = before
         return [JobStatus.from_json(j) for j in self.request("GET", "/jobs", params=params)["jobs"]]
 
-    def queue(self) -> list[dict[str, Any]]:
-        return self.request("GET", "/queue")  # type: ignore[no-any-return]
+    def queue(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The waiting jobs in start order, each with why it waits (the first ``limit``; None: all),
+        fetched a page of up to 1000 at a time."""
+        entries: list[dict[str, Any]] = []
+        offset: int | None = 0
+        while offset is not None and (limit is None or len(entries) < limit):
+            want = 1000 if limit is None else min(1000, limit - len(entries))
+            page = self.request("GET", "/queue", params={"offset": offset, "limit": want})
+            entries += page["entries"]
+            offset = page["next_offset"]
+        return entries
 
     def resources(self) -> dict[str, Any]:
         return self.request("GET", "/resources")  # type: ignore[no-any-return]

@@ -434,9 +434,23 @@ def compare_page(
                 assets=("experiments.css",), caller=caller)  # fmt: skip
 
 
+QUEUE_PAGE = 500  # waiting jobs a queue page shows (only their reasons are worked out)
+
+
+def _queue_pages(offset: int, total: int, hours: float) -> str:
+    """Where the queue page is in the queue, with links to the pages before and after it."""
+    if total <= QUEUE_PAGE and offset == 0:
+        return ""
+    links = [f'<a href="/queue?offset={o}&amp;hours={hours:g}">{label}</a>' for o, label, show in (
+        (max(0, offset - QUEUE_PAGE), "previous", offset > 0), (offset + QUEUE_PAGE, "next", offset + QUEUE_PAGE < total)) if show]  # fmt: skip
+    shown = f"{offset + 1}-{min(total, offset + QUEUE_PAGE)}" if offset < total else "none"
+    return f"<p class=pages>{shown} of {total} waiting jobs {' '.join(links)}</p>"
+
+
 @router.get("/queue", response_class=HTMLResponse, include_in_schema=False)
-def queue_page(service: Service, caller: Caller, hours: float = Query(6.0, gt=0, le=24 * 30)) -> Response:
-    pending = service.queue()[:500]
+def queue_page(service: Service, caller: Caller, hours: float = Query(6.0, gt=0, le=24 * 30),
+               offset: int = Query(0, ge=0, le=2**31)) -> Response:  # fmt: skip
+    pending, total = service.queue_page(offset, QUEUE_PAGE)
     grants = service.grants()
     free = service.free()
     cap = service.capacity
@@ -461,6 +475,6 @@ def queue_page(service: Service, caller: Caller, hours: float = Query(6.0, gt=0,
         f"<tbody>{holders}</tbody></table></section>"
         f"<section><h2>Who used what, the last {hours:g} hours</h2>{timeline(service, hours, time.time())}</section>"
         "<section><h2>Queue, in start order</h2><table><thead><tr><th>#</th><th>Job</th><th>Why it waits</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table></section>{shares_section(service)}"
+        f"<tbody>{rows}</tbody></table>{_queue_pages(offset, total, hours)}</section>{shares_section(service)}"
     )
     return page("Queue", body, kind="queue", caller=caller)

@@ -27,10 +27,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from trainforge._internal.metric_path import lookup
 from trainforge.server._experiment_schemas import DecisionIn, DecisionOut, ExperimentImportIn, ImportTrialIn
 from trainforge.server._importance import ImportanceCache, warm_up
 from trainforge.server._state import JobState
-from trainforge.server._trial_stats import CurveCache, Stats, lookup, number
+from trainforge.server._trial_stats import CurveCache, Stats, number
 
 if TYPE_CHECKING:
     import sqlite3

@@ -4,7 +4,10 @@ others wait.
 :func:`decide` is called on every event that can change the answer (a submission, a job's end, a
 stop, a priority change, a hold or release, a capacity change); it reads nothing but its arguments
 and returns the same answer for the same arguments, so the server never polls and the rule is
-tested on its own (``tests/test_server_scheduler.py``).
+tested on its own (``tests/test_server_scheduler.py``). The server passes the waiting jobs as the
+:class:`WaitingQueue` it keeps in order as they come and go, and reads the reasons of the page it
+shows (:class:`~trainforge.server._decision.Decision`): with 10,000 waiting jobs a decision walks
+only as far as a job could still start.
 
 The rule:
 
@@ -59,12 +62,15 @@ import dataclasses
 import functools
 import math
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from trainforge.server._sharing import RunningJob, Team, add, fair_order, victims
+from trainforge.server._decision import Decision, Pending, Start, _num, _Tail
+from trainforge.server._sharing import RunningJob, Team, add, fair_order, usage_ratios, victims
+from trainforge.server._waiting import WaitingQueue
 
-__all__ = ["Decision", "JobRequest", "Pending", "RunningJob", "Start", "Team", "check_fits", "decide", "free_resources"]
+__all__ = ["Decision", "JobRequest", "Pending", "RunningJob", "Start", "Team", "WaitingQueue", "check_fits", "decide",
+           "free_resources"]
 Resources = Mapping[str, float]
 """Amounts by resource kind: ``{"CPU": 4, "GPU": 1, "memory": 8e9, "my_custom": 2}``."""
 
@@ -137,88 +143,6 @@ class JobRequest:
         return {k: v for k, v in total.items() if v > 0}
 
 
-@dataclasses.dataclass(frozen=True)
-class Start:
-    """Start ``job_id`` now with ``workers`` workers, holding ``grant`` until it ends."""
-
-    job_id: int
-    workers: int
-    grant: dict[str, float]
-
-
-@dataclasses.dataclass(frozen=True)
-class Pending:
-    """Why a queued job waits, and its place among the waiting jobs that are not held (1 = next).
-
-    ``reason``: ``"held"``; ``"resources"`` (``need`` and ``free`` name the kinds it lacks);
-    ``"reserved"`` (it would fit, but ``behind`` waits for kinds it also needs); or ``"quota"``
-    (it would take its user over their quota: ``need`` its request, ``free`` what is left of the
-    quota, ``limit`` the quota, of the kinds it would exceed).
-    """
-
-    job_id: int
-    position: int | None  # None while held
-    reason: Literal["held", "resources", "reserved", "quota"]
-    need: dict[str, float] = dataclasses.field(default_factory=dict)
-    free: dict[str, float] = dataclasses.field(default_factory=dict)
-    behind: int | None = None
-    limit: dict[str, float] = dataclasses.field(default_factory=dict)
-
-    def describe(self) -> str:
-        """One line for a person: ``needs 4 CPU, 2 free``, ``behind job 12``, ``held``."""
-        if self.reason == "held":
-            return "held"
-        if self.reason == "reserved":
-            return f"behind job {self.behind}"
-        if self.reason == "quota":
-            parts = [f"{_num(self.need[k])} {k}, {_num(self.free.get(k, 0.0))} of {_num(self.limit.get(k, 0.0))} left"
-                     for k in sorted(self.need)]  # fmt: skip
-            return "over its user's quota: needs " + "; ".join(parts)
-        parts = [f"{_num(self.need[k])} {k}, {_num(self.free.get(k, 0.0))} free" for k in sorted(self.need)]
-        return "needs " + "; ".join(parts)
-
-
-class Decision:
-    """``starts``: the jobs to start now. ``pending``: the others with their reasons, in queue order,
-    worked out when first read (a server with 10,000 queued jobs decides in a few milliseconds: once
-    every resource kind that is still free is reserved, no later job can start, so the scan stops
-    and the reasons of the rest wait until someone asks). ``reserved``: kinds a waiting job lacks.
-    ``blocked``: the first waiting job, in queue order and not held, that lacks resources (the one
-    elastic jobs lend to, rule 5), known without working out the others' reasons. ``preempt``: the
-    running jobs to preempt for it (rule 8)."""
-
-    def __init__(self, starts: list[Start], pending: list[Pending], rest: Callable[[], list[Pending]] | None = None,
-                 reserved: set[str] | None = None, blocked: int | None = None,
-                 preempt: list[int] | None = None):  # fmt: skip
-        self.starts = starts
-        self._pending = pending
-        self._rest = rest
-        self.reserved = reserved if reserved is not None else set()
-        self.blocked = blocked
-        self.preempt = preempt if preempt is not None else []
-
-    @property
-    def pending(self) -> list[Pending]:
-        if self._rest is not None:
-            self._pending = self._pending + self._rest()
-            self._rest = None
-        return self._pending
-
-    def __repr__(self) -> str:
-        return f"Decision(starts={self.starts!r}, pending={self.pending!r}, preempt={self.preempt!r})"
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Decision):
-            return NotImplemented
-        return self.starts == other.starts and self.pending == other.pending and self.preempt == other.preempt
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-def _num(x: float) -> str:
-    return f"{x:g}"
-
-
 def free_resources(capacity: Resources, grants: Iterable[Resources]) -> dict[str, float]:
     """What ``capacity`` has left after ``grants`` (kinds absent from capacity have none)."""
     free = {k: float(v) for k, v in capacity.items()}
@@ -261,10 +185,13 @@ class _Scan:
     """The rule's walk down the ordered queue (see the module docstring), resumable: ``run(i)``
     handles jobs from index ``i`` until the end, or, with ``stop_when_saturated``, until no later
     job can start; ``run`` then returns the index to resume from. ``quotas``/``held``: each user's
-    quota and what their jobs hold (rule 6; empty: no quotas)."""
+    quota and what their jobs hold (rule 6; empty: no quotas). ``shapes``: the distinct sets of kinds
+    the jobs not held ask for, and ``asks_nothing``: whether one of them asks for nothing (worked out
+    from ``ordered`` when not given: a :class:`WaitingQueue` keeps them)."""
 
     def __init__(self, ordered: list[JobRequest], free: dict[str, float],
-                 quotas: Mapping[str, Resources] | None = None, held: dict[str, dict[str, float]] | None = None):  # fmt: skip
+                 quotas: Mapping[str, Resources] | None = None, held: dict[str, dict[str, float]] | None = None,
+                 shapes: set[frozenset[str]] | None = None, asks_nothing: bool | None = None):  # fmt: skip
         self.ordered = ordered
         self.free = free
         self.quotas = quotas or {}
@@ -274,12 +201,15 @@ class _Scan:
         self.starts: list[Start] = []
         self.pending: list[Pending] = []
         self.blocked: int | None = None  # the first job that lacks resources
-        # The distinct sets of kinds jobs ask for: once each set has a kind that is reserved or has
-        # nothing free, no later job can start (free only shrinks and reservations only grow).
-        self.requests = list(map(operator.attrgetter("min_request"), ordered))
-        self.shapes = {kinds for kinds in map(operator.attrgetter("kinds"), ordered) if kinds}
+        # Once each shape has a kind that is reserved or has nothing free, no later job can start
+        # (free only shrinks and reservations only grow).
+        if shapes is None or asks_nothing is None:
+            kinds = {job.kinds for job in ordered if not job.held}
+            shapes, asks_nothing = kinds - {frozenset()}, frozenset() in kinds
+        self.shapes = shapes
+        self.asks_nothing = asks_nothing
 
-    def over_quota(self, job: JobRequest, request: Resources) -> Pending | None:
+    def over_quota(self, job: JobRequest, request: Resources, position: int | None = None) -> Pending | None:
         """Why ``job`` waits for its user's quota (rule 6), or None (no quota, or within it)."""
         limit = self.quotas.get(job.user)
         if limit is None:
@@ -288,9 +218,25 @@ class _Scan:
         over = [k for k, v in request.items() if k in limit and held.get(k, 0.0) + v > limit[k] + _EPS]
         if not over:
             return None
-        return Pending(job.job_id, None, "quota", need={k: request[k] for k in over},
+        return Pending(job.job_id, position, "quota", need={k: request[k] for k in over},
                        free={k: max(0.0, limit[k] - held.get(k, 0.0)) for k in over},
                        limit={k: float(limit[k]) for k in over})  # fmt: skip
+
+    def judge(self, job: JobRequest, position: int, reserved: Mapping[str, tuple[int, int]]) -> Pending | None:
+        """Why ``job`` (not held) waits, at ``position``, with ``reserved`` as the jobs before it left
+        it; None: it can start (read-only)."""
+        request = job.min_request
+        if self.quotas and (over := self.over_quota(job, request, position)) is not None:
+            return over
+        free = self.free
+        lacking = [k for k, v in request.items() if v > free.get(k, 0.0) + _EPS]
+        if lacking:
+            return Pending(job.job_id, position, "resources", need={k: request[k] for k in lacking},
+                           free={k: max(0.0, free.get(k, 0.0)) for k in lacking})  # fmt: skip
+        blocked_by = min((reserved[k] for k in request if k in reserved), default=None)
+        if blocked_by is not None:
+            return Pending(job.job_id, position, "reserved", behind=blocked_by[1])
+        return None
 
     def first_lacking(self, i: int) -> int | None:
         """The first job from index ``i`` on that is not held, is within its quota and lacks
@@ -315,31 +261,17 @@ class _Scan:
             if job.held:
                 self.pending.append(Pending(job.job_id, position=None, reason="held"))
                 continue
-            request = job.min_request
-            if quotas and (over := self.over_quota(job, request)) is not None:
+            waits = self.judge(job, self.position + 1, reserved)
+            if waits is not None:
                 self.position += 1
-                self.pending.append(dataclasses.replace(over, position=self.position))
-                continue
-            lacking = [k for k, v in request.items() if v > free.get(k, 0.0) + _EPS]
-            if lacking:
-                self.position += 1
-                self.pending.append(
-                    Pending(
-                        job.job_id, self.position, "resources", need={k: request[k] for k in lacking},
-                        free={k: max(0.0, free.get(k, 0.0)) for k in lacking},
-                    )
-                )  # fmt: skip
-                for k in lacking:
-                    reserved.setdefault(k, (self.position, job.job_id))
-                if self.blocked is None:
-                    self.blocked = job.job_id
-                if stop_when_saturated and self.saturated():
-                    return i
-                continue
-            blocked_by = min((reserved[k] for k in request if k in reserved), default=None)
-            if blocked_by is not None:
-                self.position += 1
-                self.pending.append(Pending(job.job_id, self.position, "reserved", behind=blocked_by[1]))
+                self.pending.append(waits)
+                if waits.reason == "resources":
+                    for k in waits.need:
+                        reserved.setdefault(k, (self.position, job.job_id))
+                    if self.blocked is None:
+                        self.blocked = job.job_id
+                    if stop_when_saturated and self.saturated():
+                        return i
                 continue
             workers = job.min_workers
             while workers < job.upper_workers and not _lacking(job.request(workers + 1), free) and not (
@@ -357,21 +289,39 @@ class _Scan:
         return n
 
 
-def _order(queue: Iterable[JobRequest], team: Team | None = None, capacity: Resources | None = None) -> list[JobRequest]:
-    """Rule 1 (priority, then submission order), with rule 7 (fair share) given a ``team``. Two
-    stable sorts on plain attributes (submission, then priority: the fastest way to sort by both),
-    and no key cached on the job (each attribute more makes every job's dict, and the sorts, slower)."""
-    ordered = sorted(sorted(queue, key=operator.attrgetter("seq")), key=operator.attrgetter("priority"), reverse=True)
-    if team is None or not team.fair_share or capacity is None:
+def _order(queue: Iterable[JobRequest] | WaitingQueue, team: Team | None = None,
+           capacity: Resources | None = None) -> list[JobRequest]:  # fmt: skip
+    """Rule 1 (priority, then submission order), with rule 7 (fair share) given a ``team``. A
+    :class:`WaitingQueue` keeps rule 1's order, and each priority's jobs by user: when no two users
+    tie, fair share is each priority's users' jobs one user after the other. Any other queue is
+    sorted here: two stable sorts on plain attributes (submission, then priority: the fastest way to
+    sort by both), and no key cached on the job (each attribute more makes every job's dict, and the
+    sorts, slower)."""
+    fair = team is not None and team.fair_share and capacity is not None
+    if isinstance(queue, WaitingQueue):
+        users = queue.users
+        if not fair or len(users) < 2:
+            return list(queue.ordered)  # a copy: the queue changes after the decision
+        assert team is not None
+        ratio = usage_ratios(team, users)
+        if len(set(ratio.values())) == len(ratio):
+            return [job for _, runs in queue.runs() for user in sorted(runs, key=ratio.__getitem__)
+                    for job in runs[user]]  # fmt: skip
+        ordered = list(queue.ordered)
+    else:
+        ordered = sorted(sorted(queue, key=operator.attrgetter("seq")), key=operator.attrgetter("priority"), reverse=True)
+    if not fair:
         return ordered
+    assert team is not None and capacity is not None
     return fair_order(ordered, team, capacity)
 
 
-def decide(queue: Sequence[JobRequest], running: Sequence[Resources | RunningJob], capacity: Resources,
-           team: Team | None = None) -> Decision:  # fmt: skip
+def decide(queue: Sequence[JobRequest] | WaitingQueue, running: Sequence[Resources | RunningJob],
+           capacity: Resources, team: Team | None = None) -> Decision:  # fmt: skip
     """Which of ``queue`` start now, given the ``running`` jobs (their grants, or :class:`RunningJob`
     with who holds them) and the ``capacity``; the others with their reasons, in queue order; with a
-    ``team``, quotas, fair share and preemption too (see the module docstring for the rules)."""
+    ``team``, quotas, fair share and preemption too (see the module docstring for the rules). A
+    :class:`WaitingQueue` (what the server keeps) spares the sort and the grouping of its jobs."""
     grants = [r.grant if isinstance(r, RunningJob) else r for r in running]
     held: dict[str, dict[str, float]] = {}
     if team is not None and team.quotas:
@@ -379,7 +329,9 @@ def decide(queue: Sequence[JobRequest], running: Sequence[Resources | RunningJob
             if isinstance(r, RunningJob):
                 add(held.setdefault(r.user, {}), r.grant)
     ordered = _order(queue, team, capacity)
-    scan = _Scan(ordered, free_resources(capacity, grants), team.quotas if team is not None else None, held)
+    shapes, asks_nothing = (queue.shapes, queue.asks_nothing) if isinstance(queue, WaitingQueue) else (None, None)
+    scan = _Scan(ordered, free_resources(capacity, grants), team.quotas if team is not None else None, held,
+                 shapes, asks_nothing)  # fmt: skip
     resume = scan.run(0, stop_when_saturated=True)
     if resume >= len(ordered):
         return Decision(scan.starts, scan.pending, reserved=set(scan.reserved), blocked=scan.blocked,
@@ -387,20 +339,15 @@ def decide(queue: Sequence[JobRequest], running: Sequence[Resources | RunningJob
     # Saturated: every kind with anything free is reserved, so a later job can start only if it
     # asks for nothing at all. Start those now; the others' reasons are worked out when asked for.
     starts = list(scan.starts)
-    if not all(scan.requests[resume:]):
+    if scan.asks_nothing:
         for job in ordered[resume:]:
             if not job.held and not job.min_request:
                 starts.append(Start(job.job_id, job.upper_workers, {}))
-    done = len(scan.pending)
     # Saturated with nobody lacking yet (the last start took what was left): the next job that asks
     # for anything lacks it, so this walk is short.
     blocked = scan.blocked if scan.blocked is not None else scan.first_lacking(resume)
-
-    def rest() -> list[Pending]:
-        scan.run(resume, stop_when_saturated=False)
-        return scan.pending[done:]
-
-    return Decision(starts, list(scan.pending), rest, reserved=set(scan.reserved), blocked=blocked,
+    tail = _Tail(scan, resume, len(starts) > len(scan.starts))
+    return Decision(starts, list(scan.pending), tail, reserved=set(scan.reserved), blocked=blocked,
                     preempt=_preempt(scan, blocked, running, team))  # fmt: skip
 
 

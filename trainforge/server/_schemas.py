@@ -214,6 +214,12 @@ class QueueEntryOut(BaseModel):
     pending: PendingOut
 
 
+class QueueListOut(BaseModel):
+    entries: list[QueueEntryOut] = Field(description="the waiting jobs from ?offset= on, in start order")
+    next_offset: int | None = Field(description="pass as ?offset= for the next page; null at the end")
+    total: int = Field(description="how many jobs wait")
+
+
 class ResourcesOut(BaseModel):
     capacity: dict[str, float]
     granted: dict[str, float]

@@ -6,11 +6,11 @@ Every change is written to the :class:`~trainforge.server._store.JobStore` *befo
 (the grant before the runner starts; the runner's pid and start time as soon as it exists), so a
 server killed at any point finds on restart what it had started.
 
-Its collaborators: the job directories (``_job_files``), the runner processes (``_processes``:
-starting, waiting, adopting, killing), the events tailer (``_tailer``), the elastic jobs' sizes
-(``_elastic``), how a run ended (``_outcome``), the usage sampler (``_usage``), and, for a server a
-team shares, its users (``_users``) and what the rules of quotas, fair share and preemption need
-(``_team``).
+Its collaborators: the waiting jobs in start order (``_waiting``), the job directories
+(``_job_files``), the runner processes (``_processes``: starting, waiting, adopting, killing), the
+events tailer (``_tailer``), the elastic jobs' sizes (``_elastic``), how a run ended (``_outcome``),
+the usage sampler (``_usage``), and, for a server a team shares, its users (``_users``) and what the
+rules of quotas, fair share and preemption need (``_team``).
 
 Threads: the API's (any number) call the public methods; one waiter per runner (``Popen.wait`` for
 a runner this server started, a pidfd for one it reattached); one tailer that reads the runners'
@@ -46,6 +46,7 @@ from trainforge.server._team import TeamState
 from trainforge.server._team_policy import TeamPolicy
 from trainforge.server._usage import UsageSampler
 from trainforge.server._users import ADMIN, UserBook
+from trainforge.server._waiting import WaitingQueue
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +72,10 @@ class JobService:
         self.store = JobStore(db, durable=durable)
         self.server_id = self._server_id()
         self._lock = threading.RLock()
-        self._requests: dict[int, JobRequest] = {}  # waiting jobs (queued or held)
+        self._waiting = WaitingQueue()  # queued or held, in start order
         self._grants: dict[int, dict[str, float]] = {}  # jobs holding resources
         self._gpu_owner: dict[str, int] = {}
         self._decision: Decision | None = None  # the latest; its reasons are worked out when asked for
-        self._pending: dict[int, Pending] | None = None
         self._closing = threading.Event()
         self._tail_thread: threading.Thread | None = None
         self.last_decision_s = 0.0
@@ -113,7 +113,7 @@ class JobService:
                     self._fail_broken(job.id, missing)
                     counts["broken"] += 1
                     continue
-                self._requests[job.id] = request_of(job)
+                self._waiting.put(request_of(job))
                 self.team.waiting(job)
                 counts["queued"] += 1
             for job in self.store.jobs(ACTIVE_STATES, newest_first=False):
@@ -226,7 +226,7 @@ class JobService:
                 if not created:  # the same key raced in from another request
                     return resubmitted(job, submission_id, digest), False
                 self.team.submissions[owner] += 1
-                self._requests[job.id] = request_of(job)
+                self._waiting.put(request_of(job))
                 self._schedule()
         return self.get(job.id), True
 
@@ -238,13 +238,9 @@ class JobService:
 
     def pending(self, job_id: int) -> Pending | None:
         with self._lock:
-            return self._pending_index().get(job_id)
-
-    def _pending_index(self) -> dict[int, Pending]:
-        if self._pending is None:
-            pending = self._decision.pending if self._decision is not None else []
-            self._pending = {p.job_id: p for p in pending if p.job_id in self._requests}
-        return self._pending
+            if self._decision is None or job_id not in self._waiting:
+                return None
+            return self._decision.reason(job_id)
 
     def patch(self, job_id: int, *, priority: int | None = None, hold: bool | None = None) -> JobRow:
         with self._lock:
@@ -261,7 +257,7 @@ class JobService:
             if fields:
                 event = "held" if hold and "state" in fields else "released" if "state" in fields else "priority"
                 self.store.update(job_id, event, {"priority": fields.get("priority", job.priority)}, **fields)
-                self._requests[job_id] = request_of(self.get(job_id))
+                self._waiting.put(request_of(self.get(job_id)))
                 self._schedule()
             return self.get(job_id)
 
@@ -297,7 +293,7 @@ class JobService:
     def _requeue(self, job_id: int) -> None:
         job = self.get(job_id)
         self.files.write_spec(job)
-        self._requests[job_id] = request_of(job)
+        self._waiting.put(request_of(job))
 
     def delete(self, job_id: int) -> None:
         with self._lock:
@@ -317,9 +313,7 @@ class JobService:
         with self._lock:
             job = self.get(job_id)
             if job.state in WAITING_STATES:
-                self._requests.pop(job_id, None)
-                if self._pending is not None:
-                    self._pending.pop(job_id, None)
+                self._waiting.discard(job_id)
                 self.store.update(
                     job_id, "stopped", {"while": job.state}, state=JobState.STOPPED, ended_at=time.time(),
                     failure_class="stopped",
@@ -347,29 +341,36 @@ class JobService:
             if self._closing.is_set():
                 return
             now = time.time()
-            running, team = self.team.inputs(self._requests.values(), self.elastic.lendable(), now)
+            running, team = self.team.inputs(self._waiting, self.elastic.lendable(), now)
             t0 = time.perf_counter()
-            decision = decide(list(self._requests.values()), running, self.capacity, team)
+            decision = decide(self._waiting, running, self.capacity, team)
             self.last_decision_s = time.perf_counter() - t0
             self.team.decisions.observe(self.last_decision_s)
-            self._decision, self._pending = decision, None
+            self._decision = decision
             for start in decision.starts:
-                self.team.started(self._requests[start.job_id], now)
+                self.team.started(self._waiting[start.job_id], now)
                 self._start(start.job_id, start.workers, start.grant)
             self.team.preempt(decision.preempt, decision.blocked, now)
-            self.elastic.shrink(self._requests.get(decision.blocked) if decision.blocked is not None else None)
+            self.elastic.shrink(self._waiting.get(decision.blocked) if decision.blocked is not None else None)
             self.elastic.grow(decision.reserved, self.team.headroom)
 
     def _stop_preempted(self, job_id: int) -> None:
         self.processes.stop_job(job_id, grace_s=self.stop_grace_s)
 
-    def reschedule(self) -> None:
-        """Decide again (the users' quotas or shares changed)."""
+    def reschedule(self) -> None:  # decide again (the users' quotas or shares changed)
         self._schedule()
 
-    def queue(self) -> list[Pending]:
+    def queue(self) -> list[Pending]:  # every waiting job's reason (queue_page: only a page's)
         with self._lock:
-            return list(self._pending_index().values())
+            pending = self._decision.pending if self._decision is not None else []
+            return [p for p in pending if p.job_id in self._waiting]
+
+    def queue_page(self, offset: int, limit: int) -> tuple[list[Pending], int]:
+        """The waiting jobs' reasons ``offset`` to ``offset + limit`` in start order, and how many wait."""
+        with self._lock:
+            decision = self._decision
+            page = decision.page(offset, limit) if decision is not None else []
+            return [p for p in page if p.job_id in self._waiting], decision.waiting if decision is not None else 0
 
     def free(self) -> dict[str, float]:
         with self._lock:
@@ -393,7 +394,7 @@ class JobService:
 
     def _start(self, job_id: int, workers: int, grant: dict[str, float]) -> None:
         job = self.get(job_id)
-        request = self._requests.pop(job_id)
+        request = self._waiting.pop(job_id)
         missing = self.files.missing(job)
         if missing is not None:  # never a 500 or a job left QUEUED with no reason: it fails, saying why
             self._fail_broken(job_id, missing)

@@ -415,6 +415,13 @@ class JobStore:
         jobs = {i: job for i in set(newest.values()) if (job := self.get(i)) is not None}
         return {path: jobs[i] for path, i in newest.items() if i in jobs}
 
+    def names(self, ids: Sequence[int]) -> dict[int, tuple[str, int]]:
+        """The name and priority of each of the jobs ``ids`` (at most 1000) that exist, in one query
+        (a page of the queue: no row parsed whole)."""
+        ids = list(dict.fromkeys(ids))[:1000]
+        sql = f"SELECT id, name, priority FROM jobs WHERE id IN ({','.join('?' * len(ids))})"
+        return {int(r[0]): (r[1], int(r[2])) for r in (self._read(sql, ids) if ids else [])}
+
     def by_submission(self, submission_id: str) -> JobRow | None:
         rows = self._read("SELECT * FROM jobs WHERE submission_id=?", (submission_id,))
         return JobRow.from_sql(rows[0]) if rows else None

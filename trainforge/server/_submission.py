@@ -42,20 +42,19 @@ def submit_trainer(
     callback: Callable[[Result], Any] | None = None,
     address: str | None = None,
     name: str | None = None,
-    priority: int = 0,
-    hold: bool = False,
-    max_retries: int = 1,
-    env: dict[str, str] | None = None,
     out: Any = None,
-    preemptible: bool = False,
+    **settings: Any,
 ) -> Job:
-    """Queue ``trainer`` on a train server (see ``DataParallelTrainer.submit``) and return its job."""
+    """Queue ``trainer`` on a train server and return its job, with the arguments of
+    ``DataParallelTrainer.submit`` (which documents them): ``settings`` holds the job's own settings
+    (``priority``, ``hold``, ``max_retries``, ``env``, ``preemptible``: fields of the API's job spec of
+    the same names). ``out``: where the messages go (stdout)."""
     spec = trainer_job(
         trainer, name=name or trainer.run_config.name or type(trainer).__name__,
         cannot_send=f"{type(trainer).__name__}.submit(): the trainer cannot be sent to the server",
         fix=". Its train loop, config and datasets must be picklable by cloudpickle: open files, locks, sockets and "
         "live connections are not; create those inside the loop.",
-        priority=priority, hold=hold, max_retries=max_retries, env=dict(env or {}), preemptible=preemptible,
+        **{**settings, "env": dict(settings.get("env") or {})},
         submission_id=uuid.uuid4().hex,  # a retried request queues the job once
     )  # fmt: skip
     out = out or sys.stdout

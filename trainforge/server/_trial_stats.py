@@ -20,6 +20,7 @@ from typing import Any
 
 from trainforge._internal.http import json_safe
 from trainforge._internal.job_events import EventType, read_events
+from trainforge._internal.metric_path import lookup
 
 MAX_JOBS = 4096  # jobs whose parsed reports the curve cache keeps (least recently read go first)
 
@@ -30,20 +31,6 @@ def number(value: Any) -> float | None:
         return None
     value = float(value)
     return value if math.isfinite(value) else None
-
-
-def lookup(metrics: Any, key: str | None) -> Any:
-    """``metrics[key]``, or for ``"a/b"`` the nested ``metrics["a"]["b"]``; None when absent."""
-    if key is None or not isinstance(metrics, dict):
-        return None
-    if key in metrics:
-        return metrics[key]
-    node: Any = metrics
-    for part in key.split("/"):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def better(a: float, b: float | None, mode: str | None) -> bool:

@@ -23,7 +23,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from trainforge.model import NUM_SAMPLES, Model, torch_module
+from trainforge.model import NUM_SAMPLES, Model, supervised, torch_module
+
+_HOOK_ARGS = "batch, batch_info"  # what a TrainingOperator's batch hooks take, for the error of a default one
 
 
 class TrainingOperator(Model):
@@ -47,7 +49,7 @@ class TrainingOperator(Model):
     def train_batch(self, batch: Any, batch_info: dict[str, Any]) -> dict[str, Any]:
         """One training batch: forward, loss, backward and step (``self.optimize(loss)``); returns
         ``{"train_loss": ..., "num_samples": ...}``. Batches are ``(*features, target)``."""
-        *features, target = _unpack(batch, "train_batch")
+        *features, target = supervised(batch, "train_batch", _HOOK_ARGS)
         output = self.model(*features)
         loss = self._loss(output, target)
         self.optimize(loss)
@@ -56,7 +58,7 @@ class TrainingOperator(Model):
     def validate_batch(self, batch: Any, batch_info: dict[str, Any]) -> dict[str, Any]:
         """Loss and accuracy of one batch: ``{"val_loss", "val_accuracy", "num_samples"}``."""
         torch = torch_module()
-        *features, target = _unpack(batch, "validate_batch")
+        *features, target = supervised(batch, "validate_batch", _HOOK_ARGS)
         output = self.model(*features)
         loss = self._loss(output, target)
         _, predicted = torch.max(output.data, 1)
@@ -169,12 +171,3 @@ def _two_loaders(loaders: Any) -> tuple[Any, Any]:
     if len(loaders) == 2:
         return loaders[0], loaders[1]
     raise ValueError(f"data_creator returned {len(loaders)} loaders: return one (training) or two (training, validation)")
-
-
-def _unpack(batch: Any, hook: str) -> Any:
-    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
-        raise ValueError(
-            f"the default {hook} takes (*features, target) batches, got {type(batch).__name__}; override "
-            f"{hook}(batch, batch_info) for other batches."
-        )
-    return batch

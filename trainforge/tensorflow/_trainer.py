@@ -6,13 +6,12 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from trainforge import DataParallelTrainer
-from trainforge._internal.backend import config_or_default
+from trainforge._internal.framework_trainer import FrameworkTrainer
 from trainforge.tensorflow._config import TensorflowConfig
 from trainforge.tensorflow._env import check_installed, prepare_worker
 
 
-class TensorflowTrainer(DataParallelTrainer):
+class TensorflowTrainer(FrameworkTrainer):
     """Run ``train_loop_per_worker`` on N workers that ``tf.distribute.MultiWorkerMirroredStrategy``
     joins into one cluster (each worker's ``TF_CONFIG`` is set before the loop starts).
 
@@ -45,6 +44,8 @@ class TensorflowTrainer(DataParallelTrainer):
     # Each worker imports TensorFlow at start-up (TF_USE_LEGACY_KERAS set first), in parallel with the
     # driver's set-up; standby workers that replace failed ones have it loaded too.
     _preload_modules = ("trainforge.tensorflow._preload",)
+    _framework = "tensorflow"
+    _config_cls = TensorflowConfig
 
     def __init__(
         self,
@@ -60,32 +61,27 @@ class TensorflowTrainer(DataParallelTrainer):
         resume_from_checkpoint: Any = None,
         worker_init_fn: Callable[[], Any] | None = None,
     ):
-        tensorflow_config = config_or_default(tensorflow_config, TensorflowConfig, "TensorflowTrainer",
-                                              "tensorflow_config", "trainforge.tensorflow.TensorflowConfig")  # fmt: skip
+        self._init_framework(
+            train_loop_per_worker, tensorflow_config, train_loop_config=train_loop_config,
+            scaling_config=scaling_config, run_config=run_config, datasets=datasets, dataset_config=dataset_config,
+            metadata=metadata, resume_from_checkpoint=resume_from_checkpoint, worker_init_fn=worker_init_fn,
+        )  # fmt: skip
+
+    def _check_installed(self) -> None:
+        check_installed(type(self).__name__)
+
+    def _worker_init(self, backend_config: Any, worker_init_fn: Callable[[], Any] | None) -> Callable[[], Any]:
+        # The worker's TensorFlow environment comes first, so the user's function may import it.
         if worker_init_fn is not None and not callable(worker_init_fn):
             raise TypeError(f"worker_init_fn={worker_init_fn!r} must be a function taking no arguments.")
-        check_installed("TensorflowTrainer")
         self._user_worker_init_fn = worker_init_fn
-        super().__init__(
-            train_loop_per_worker,
-            train_loop_config=train_loop_config,
-            backend_config=tensorflow_config,
-            scaling_config=scaling_config,
-            run_config=run_config,
-            datasets=datasets,
-            dataset_config=dataset_config,
-            metadata=metadata,
-            resume_from_checkpoint=resume_from_checkpoint,
-            # The worker's TensorFlow environment comes first, so the user's function may import it.
-            worker_init_fn=functools.partial(
-                _init_worker, tensorflow_config.intra_op_threads, tensorflow_config.inter_op_threads, worker_init_fn
-            ),
+        return functools.partial(
+            _init_worker, backend_config.intra_op_threads, backend_config.inter_op_threads, worker_init_fn
         )
 
     def _backend_state(self) -> dict[str, Any]:
-        # What restore() passes back to the constructor: the config, and the user's own worker_init_fn
-        # (the constructor wraps it again).
-        return {"tensorflow_config": self.backend_config, "worker_init_fn": self._user_worker_init_fn}
+        # restore() passes the user's own worker_init_fn back too (the constructor wraps it again).
+        return {**super()._backend_state(), "worker_init_fn": self._user_worker_init_fn}
 
 
 def _init_worker(

@@ -22,6 +22,7 @@ import cloudpickle
 
 from trainforge import Checkpoint
 from trainforge import RunConfig as TrainRunConfig
+from trainforge._internal.metric_path import lookup
 from trainforge.tune._context import TUNE_KEY
 from trainforge.tune._experiment import ERROR, PENDING, RUNNING, TERMINATED, ExperimentStore, Trial
 from trainforge.tune._experiment_info import experiment_info, experiment_tag
@@ -29,7 +30,6 @@ from trainforge.tune._server import ServerRun
 from trainforge.tune._trainable import is_trainer, make_trial_trainer, trial_resources
 from trainforge.tune._variants import merge_config
 from trainforge.tune.schedulers import Exploit, TrialScheduler
-from trainforge.tune.schedulers._scheduler import lookup
 from trainforge.tune.search._searcher import PRUNED_RESULT_KEY, Searcher
 
 if TYPE_CHECKING:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainforge import Result as TrainResult
+from trainforge._internal.metric_path import lookup
 from trainforge.tune._variants import flatten_config
-from trainforge.tune.schedulers._scheduler import lookup
 
 
 @dataclass

@@ -29,28 +29,6 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-__all__ = [
-    "Categorical",
-    "Domain",
-    "Float",
-    "Function",
-    "Integer",
-    "Normal",
-    "choice",
-    "grid_search",
-    "lograndint",
-    "loguniform",
-    "qlograndint",
-    "qloguniform",
-    "qrandint",
-    "qrandn",
-    "quniform",
-    "randint",
-    "randn",
-    "sample_from",
-    "uniform",
-]
-
 GRID_SEARCH_KEY = "grid_search"
 
 

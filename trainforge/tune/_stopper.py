@@ -16,7 +16,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trainforge.tune.schedulers._scheduler import check_mode, lookup
+from trainforge._internal.metric_path import lookup
+from trainforge.tune.schedulers._scheduler import check_mode
 
 
 class Stopper(abc.ABC):

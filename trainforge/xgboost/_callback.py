@@ -4,18 +4,16 @@ reported; the booster is checkpointed every ``frequency`` rounds and at the end,
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
 from typing import Any
 
 from trainforge import Checkpoint
-from trainforge._internal.gbdt import check_callback_args, checkpoint_file, report_dict, report_with_model
+from trainforge._internal.gbdt import ReportCallback, checkpoint_file, report_dict, report_with_model
 from trainforge.xgboost._imports import import_xgboost
 
 xgboost = import_xgboost()
 
 
-class RayTrainReportCallback(xgboost.callback.TrainingCallback):  # type: ignore[misc,name-defined]
+class RayTrainReportCallback(ReportCallback, xgboost.callback.TrainingCallback):  # type: ignore[misc,name-defined]
     """Report ``xgboost.train``'s evaluation metrics after every round, and checkpoint the booster.
 
     Example::
@@ -33,7 +31,7 @@ class RayTrainReportCallback(xgboost.callback.TrainingCallback):  # type: ignore
 
     Metrics are named ``"<eval name>-<metric>"`` (``valid-logloss``), as in ``evals_log``.
     ``metrics``: report only these keys (a str or list), or ``{reported_name: key}`` to rename.
-    ``filename``: the booster's file in the checkpoint (``model.ubj``; ``.json`` saves JSON).
+    ``filename``: the booster's file in the checkpoint (default ``model.ubj``; ``.json`` saves JSON).
     ``frequency``: checkpoint whenever the booster's round count is a multiple of it (0: none
     during training); counted over the booster's life, so a continued run keeps the schedule.
     ``checkpoint_at_end``: checkpoint after the last round too (unless that round was just saved);
@@ -45,30 +43,12 @@ class RayTrainReportCallback(xgboost.callback.TrainingCallback):  # type: ignore
 
     CHECKPOINT_NAME = "model.ubj"
 
-    def __init__(
-        self,
-        metrics: str | list[str] | dict[str, str] | None = None,
-        filename: str = CHECKPOINT_NAME,
-        frequency: int = 0,
-        checkpoint_at_end: bool = True,
-        results_postprocessing_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-    ) -> None:
-        check_callback_args(type(self).__name__, metrics, frequency)
-        super().__init__()
-        self._metrics = metrics
-        self._filename = filename
-        self._frequency = frequency
-        self._checkpoint_at_end = checkpoint_at_end
-        self._postprocess = results_postprocessing_fn
-        self._evals_log: Any = None
-        self._last_checkpoint_rounds: int | None = None
-        # The booster's rounds at the end when the caller knows them (the params= form's loop): the
-        # last round's report then carries the end's checkpoint, instead of after_training adding a
-        # report that repeats it.
-        self._final_rounds: int | None = None
-        # Files to write beside the booster in each checkpoint (the params= form's "model_files": the
-        # model object's model.json, so that a checkpoint of ModelTrainer is a model directory).
-        self._model_files: Callable[[str], None] | None = None
+    _evals_log: Any = None
+    _last_checkpoint_rounds: int | None = None
+    # The booster's rounds at the end when the caller knows them (the params= form's loop): the last
+    # round's report then carries the end's checkpoint, instead of after_training adding a report that
+    # repeats it.
+    _final_rounds: int | None = None
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint, filename: str = CHECKPOINT_NAME) -> Any:
@@ -77,6 +57,10 @@ class RayTrainReportCallback(xgboost.callback.TrainingCallback):  # type: ignore
             booster = xgboost.Booster()
             booster.load_model(path)
             return booster
+
+    @staticmethod
+    def rounds_of(booster: Any) -> int:
+        return int(booster.num_boosted_rounds())
 
     def _report(self, model: Any, checkpoint: bool) -> None:
         evals = (
@@ -87,11 +71,6 @@ class RayTrainReportCallback(xgboost.callback.TrainingCallback):  # type: ignore
         )
         metrics = report_dict(evals, self._metrics, self._postprocess)
         report_with_model(metrics, (lambda directory: self._save(model, directory)) if checkpoint else None)
-
-    def _save(self, model: Any, directory: str) -> None:
-        model.save_model(os.path.join(directory, self._filename))
-        if self._model_files is not None:
-            self._model_files(directory)
 
     def after_iteration(self, model: Any, epoch: int, evals_log: Any) -> bool:
         self._evals_log = evals_log

@@ -6,10 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trainforge import Checkpoint, get_checkpoint
-from trainforge._internal.backend import config_or_default
+from trainforge import Checkpoint
 from trainforge._internal.extras import require
-from trainforge._internal.gbdt import GBDTTrainer, import_in_background, shard_frame, split_label
+from trainforge._internal.gbdt import (
+    GBDTTrainer,
+    import_in_background,
+    legacy_start,
+    shard_frame,
+    split_label,
+)
 from trainforge.xgboost._config import XGBoostConfig
 from trainforge.xgboost._imports import import_xgboost
 
@@ -26,16 +31,8 @@ def _legacy_loop(config: dict[str, Any]) -> None:
     for name in config["dataset_names"]:
         features, labels = split_label(shard_frame(name), label, name)
         evals.append((xgboost.DMatrix(features, label=labels, **dmatrix_params.get(name, {})), name))
-    start, rounds = None, config["num_boost_round"]
-    checkpoint = get_checkpoint()
-    if checkpoint is not None:
-        start = RayTrainReportCallback.get_model(checkpoint)
-        rounds = max(0, rounds - start.num_boosted_rounds())
-    callback = RayTrainReportCallback(
-        frequency=config["checkpoint_frequency"], checkpoint_at_end=config["checkpoint_at_end"]
-    )
+    start, rounds, callback = legacy_start(config, RayTrainReportCallback)
     callback._final_rounds = config["num_boost_round"]  # the end's checkpoint with the last round's report
-    callback._model_files = config.get("model_files")
     xgboost.train(
         config["params"], evals[0][0], num_boost_round=rounds, evals=evals, xgb_model=start,
         callbacks=[callback], **(config.get("train_kwargs") or {}),
@@ -72,7 +69,7 @@ class XGBoostTrainer(GBDTTrainer):
     """
 
     _framework = "xgboost"
-    _config_arg = "xgboost_config"
+    _config_cls = XGBoostConfig
     _preload_modules = ("xgboost",)
     _legacy_loop = staticmethod(_legacy_loop)
 
@@ -95,19 +92,19 @@ class XGBoostTrainer(GBDTTrainer):
         dmatrix_params: dict[str, dict[str, Any]] | None = None,
         **train_kwargs: Any,
     ):
-        xgboost_config = config_or_default(xgboost_config, XGBoostConfig, "XGBoostTrainer", "xgboost_config",
-                                           "trainforge.xgboost.XGBoostConfig")  # fmt: skip
-        require("xgboost", "xgboost", "XGBoostTrainer")
-        import_in_background("xgboost.tracker")  # the backend's tracker, needed once the workers are up
         legacy = {
             "label_column": label_column, "params": params, "num_boost_round": num_boost_round,
             "dmatrix_params": dmatrix_params, "train_kwargs": train_kwargs,
         }  # fmt: skip
         self._init_gbdt(
-            train_loop_per_worker, legacy, train_loop_config=train_loop_config, backend_config=xgboost_config,
+            train_loop_per_worker, legacy, xgboost_config, train_loop_config=train_loop_config,
             datasets=datasets, dataset_config=dataset_config, run_config=run_config, scaling_config=scaling_config,
             metadata=metadata, resume_from_checkpoint=resume_from_checkpoint, worker_init_fn=worker_init_fn,
         )  # fmt: skip
+
+    def _check_installed(self) -> None:
+        require("xgboost", "xgboost", type(self).__name__)
+        import_in_background("xgboost.tracker")  # the backend's tracker, needed once the workers are up
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint) -> Any:

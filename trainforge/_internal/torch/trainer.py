@@ -6,12 +6,11 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from trainforge._internal.backend import config_or_default
+from trainforge._internal.framework_trainer import FrameworkTrainer
 from trainforge._internal.torch.config import TorchConfig
-from trainforge._internal.trainer import DataParallelTrainer
 
 
-class TorchTrainer(DataParallelTrainer):
+class TorchTrainer(FrameworkTrainer):
     """Run ``train_loop_per_worker`` on N workers joined in a ``torch.distributed`` process group.
 
     Example::
@@ -31,6 +30,8 @@ class TorchTrainer(DataParallelTrainer):
     (a :class:`TorchConfig`; default ``TorchConfig()``).
     """
 
+    _framework = "torch"
+    _config_cls = TorchConfig
     _preload_modules = ("torch",)  # workers import torch at start-up, in parallel with driver setup
 
     def __init__(
@@ -47,26 +48,15 @@ class TorchTrainer(DataParallelTrainer):
         resume_from_checkpoint: Any = None,
         worker_init_fn: Callable[[], Any] | None = None,
     ):
-        torch_config = config_or_default(torch_config, TorchConfig, "TorchTrainer", "torch_config",
-                                         "trainforge.torch.TorchConfig")  # fmt: skip
+        self._init_framework(
+            train_loop_per_worker, torch_config, train_loop_config=train_loop_config, scaling_config=scaling_config,
+            run_config=run_config, datasets=datasets, dataset_config=dataset_config, metadata=metadata,
+            resume_from_checkpoint=resume_from_checkpoint, worker_init_fn=worker_init_fn,
+        )  # fmt: skip
+
+    def _check_installed(self) -> None:
         if importlib.util.find_spec("torch") is None:
             raise ImportError(
-                "TorchTrainer needs PyTorch, which is not installed: pip install 'trainforge[torch]' "
+                f"{type(self).__name__} needs PyTorch, which is not installed: pip install 'trainforge[torch]' "
                 "(or install the torch build for your platform first)."
             )
-        super().__init__(
-            train_loop_per_worker,
-            train_loop_config=train_loop_config,
-            backend_config=torch_config,
-            scaling_config=scaling_config,
-            run_config=run_config,
-            datasets=datasets,
-            dataset_config=dataset_config,
-            metadata=metadata,
-            resume_from_checkpoint=resume_from_checkpoint,
-            worker_init_fn=worker_init_fn,
-        )
-
-    def _backend_state(self) -> dict[str, Any]:
-        # What restore() passes back to the constructor: TorchTrainer takes torch_config.
-        return {"torch_config": self.backend_config}

@@ -1,8 +1,8 @@
 // trainforge dashboard: keeps the server-rendered pages live over the API's server-sent events.
 // No framework, no build step. uPlot (vendored) draws the charts.
+import { API, api, live, notice } from "./page.js";
 import { fmtBytes } from "./units.js";
 
-const API = "/api/v1";
 const main = document.getElementById("page");
 const kind = main.dataset.kind;
 const pageData = JSON.parse(main.dataset.page || "{}");
@@ -12,40 +12,6 @@ const LIFECYCLE = ["submitted", "starting", "running", "reattached", "run_start"
 // The job states, from the server (its JobState enum, in every page): no copy of their names here.
 const STATES = JSON.parse(main.dataset.states || "{}");
 const TERMINAL = new Set(STATES.terminal || []);
-
-async function api(method, path, body) {
-  const init = { method, credentials: "same-origin", headers: {} };
-  if (body === undefined && method !== "GET" && method !== "DELETE") body = {}; // state changes are JSON only
-  if (body !== undefined) {
-    init.headers["Content-Type"] = "application/json";
-    init.body = JSON.stringify(body);
-  }
-  const r = await fetch(API + path, init);
-  if (!r.ok) {
-    let detail = r.statusText;
-    try { detail = (await r.json()).detail; } catch (_) { /* not JSON */ }
-    throw new Error(typeof detail === "string" ? detail : JSON.stringify(detail));
-  }
-  return r.json();
-}
-
-function notice(text, bad) {
-  let el = document.getElementById("notice");
-  if (!el) {
-    el = document.createElement("div");
-    el.id = "notice";
-    document.body.appendChild(el);
-  }
-  el.textContent = text;
-  el.className = bad ? "notice bad" : "notice";
-  clearTimeout(notice.timer);
-  notice.timer = setTimeout(() => { el.className = "notice gone"; }, 5000);
-}
-
-function live(ok) {
-  const dot = document.getElementById("live");
-  if (dot) dot.className = ok ? "live on" : "live";
-}
 
 // A job's action buttons (rendered by the server; the same on every page).
 async function act(button) {

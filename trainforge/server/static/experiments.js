@@ -2,48 +2,15 @@
 // trial table, sortable and filterable; parameter importance; best so far; parallel coordinates whose
 // axes filter the table; one metric's curves of all trials; the scheduler's decisions), kept live
 // over the experiment's event stream. The server rendered the first screen; this takes it over.
+import { API, api, live, notice } from "./page.js";
 import { ParallelCoordinates, short } from "./parcoords.js";
 import { colorScale, drawBest, drawCurves, drawDecisions, drawImportance, KIND_COLORS } from "./expcharts.js";
 
-const API = "/api/v1";
 const main = document.getElementById("page");
 const kind = main.dataset.kind;
 const pageData = JSON.parse(main.dataset.page || "{}");
 const TRIAL_STATES = ["queued", "running", "completed", "pruned", "stopped", "errored"];
 const ACTIVE = new Set(["queued", "running"]);
-
-async function api(method, path, body) {
-  const init = { method, credentials: "same-origin", headers: {} };
-  if (body !== undefined) {
-    init.headers["Content-Type"] = "application/json";
-    init.body = JSON.stringify(body);
-  }
-  const r = await fetch(API + path, init);
-  if (!r.ok) {
-    let detail = r.statusText;
-    try { detail = (await r.json()).detail; } catch (_) { /* not JSON */ }
-    throw new Error(typeof detail === "string" ? detail : JSON.stringify(detail));
-  }
-  return r.json();
-}
-
-function notice(text, bad) {
-  let box = document.getElementById("notice");
-  if (!box) {
-    box = document.createElement("div");
-    box.id = "notice";
-    document.body.appendChild(box);
-  }
-  box.textContent = text;
-  box.className = bad ? "notice bad" : "notice";
-  clearTimeout(notice.timer);
-  notice.timer = setTimeout(() => { box.className = "notice gone"; }, 6000);
-}
-
-function live(ok) {
-  const dot = document.getElementById("live");
-  if (dot) dot.className = ok ? "live on" : "live";
-}
 
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 const fmt = (v) => (v === null || v === undefined ? "" : typeof v === "number" ? (Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(4)))) : String(v));

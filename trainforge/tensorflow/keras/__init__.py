@@ -1,16 +1,7 @@
-"""Keras in a trainforge train loop (Ray Train's ``tensorflow.keras`` names).
-
-Example::
-
-    from trainforge.tensorflow.keras import ReportCheckpointCallback
-
-    def train_loop(config):
-        import tensorflow as tf
-
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        with strategy.scope():
-            model = build_and_compile_model()
-        model.fit(dataset, epochs=config["epochs"], callbacks=[ReportCheckpointCallback()])
+"""Keras in a trainforge train loop (Ray Train's ``tensorflow.keras`` names): ``model.fit(dataset,
+callbacks=[ReportCheckpointCallback()])`` in the train loop of a
+:class:`trainforge.tensorflow.TensorflowTrainer` (whose docstring has the whole example) reports
+Keras's logs and checkpoints the model.
 
 Keras is tf-keras (Keras 2), whose version matches TensorFlow's minor version (tf-keras 2.21.x for
 TensorFlow 2.21): ``pip install 'tf-keras~=2.21.0' --no-deps``. ``import trainforge.tensorflow.keras``

@@ -8,12 +8,12 @@ import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from trainforge._internal.metric_path import lookup
 from trainforge.tune.schedulers._explore import check_mutations, explore, fill_missing
 from trainforge.tune.schedulers._scheduler import (
     Exploit,
     TrialScheduler,
     from_json_float,
-    lookup,
     number,
     score,
     to_json_float,

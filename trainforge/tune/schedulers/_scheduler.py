@@ -12,6 +12,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from trainforge._internal.metric_path import lookup
+from trainforge.tune._metric_mode import MetricMode
+
 _MODES = ("min", "max")
 
 
@@ -31,7 +34,7 @@ class Exploit:
     config: dict
 
 
-class TrialScheduler:
+class TrialScheduler(MetricMode):
     """Base class of trial schedulers (Ray Tune's ``TrialScheduler``).
 
     The tuner drives a scheduler through these calls, all on one thread, in this order:
@@ -72,16 +75,7 @@ class TrialScheduler:
     def __init__(self, metric: str | None = None, mode: str | None = None) -> None:
         if mode is not None:
             check_mode(mode, f"{type(self).__name__}(mode=...)")
-        self._metric = metric
-        self._mode = mode
-
-    @property
-    def metric(self) -> str | None:
-        return self._metric
-
-    @property
-    def mode(self) -> str | None:
-        return self._mode
+        super().__init__(metric, mode)
 
     def set_search_properties(self, metric: str | None, mode: str | None) -> bool:
         """Fill the unset metric/mode from TuneConfig; False when they conflict with the scheduler's."""
@@ -169,18 +163,6 @@ class FIFOScheduler(TrialScheduler):
 def check_mode(mode: object, where: str) -> None:
     if mode not in _MODES:
         raise ValueError(f'{where} must be "min" or "max", got {mode!r}.')
-
-
-def lookup(result: dict, key: str) -> Any:
-    """``result[key]``, or for ``"a/b"`` the nested ``result["a"]["b"]``; None when absent."""
-    if key in result:
-        return result[key]
-    node: Any = result
-    for part in key.split("/"):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def number(value: Any, owner: str, key: str) -> float | None:

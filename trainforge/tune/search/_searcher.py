@@ -26,6 +26,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
+from trainforge.tune._metric_mode import MetricMode
 from trainforge.tune._variants import (
     count_variants,
     merge_point,
@@ -51,7 +52,7 @@ def check_mode(mode: Any, where: str) -> str | None:
     return mode
 
 
-class Searcher:
+class Searcher(MetricMode):
     """Suggests trial configs and learns from their results (Ray Tune's ``Searcher`` API).
 
     The base ``set_search_properties`` fills ``metric``/``mode`` when unset (a different value than
@@ -63,18 +64,9 @@ class Searcher:
     FINISHED = "FINISHED"
 
     def __init__(self, metric: str | None = None, mode: str | None = None):
-        self._metric = metric
-        self._mode = check_mode(mode, type(self).__name__)
+        super().__init__(metric, check_mode(mode, type(self).__name__))
         self._space: dict[str, Any] | None = None
         self._num_samples = 1
-
-    @property
-    def metric(self) -> str | None:
-        return self._metric
-
-    @property
-    def mode(self) -> str | None:
-        return self._mode
 
     def set_search_properties(
         self, metric: str | None, mode: str | None, config: Mapping[str, Any] | None, **spec: Any

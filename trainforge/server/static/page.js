@@ -1,0 +1,41 @@
+// What every dashboard page's script shares: the API's address and its JSON calls, the notice box,
+// and the live dot of the page's event stream. Loaded as a module by dashboard.js and experiments.js.
+
+export const API = "/api/v1";
+
+// `method` on `API + path`; the answer's JSON, or an Error with the server's detail.
+export async function api(method, path, body) {
+  const init = { method, credentials: "same-origin", headers: {} };
+  if (body === undefined && method !== "GET" && method !== "DELETE") body = {}; // state changes are JSON only
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const r = await fetch(API + path, init);
+  if (!r.ok) {
+    let detail = r.statusText;
+    try { detail = (await r.json()).detail; } catch (_) { /* not JSON */ }
+    throw new Error(typeof detail === "string" ? detail : JSON.stringify(detail));
+  }
+  return r.json();
+}
+
+// A message at the page's corner (`bad`: an error) that fades after a few seconds.
+export function notice(text, bad) {
+  let box = document.getElementById("notice");
+  if (!box) {
+    box = document.createElement("div");
+    box.id = "notice";
+    document.body.appendChild(box);
+  }
+  box.textContent = text;
+  box.className = bad ? "notice bad" : "notice";
+  clearTimeout(notice.timer);
+  notice.timer = setTimeout(() => { box.className = "notice gone"; }, 6000);
+}
+
+// The live dot: on while the page's event stream is connected.
+export function live(ok) {
+  const dot = document.getElementById("live");
+  if (dot) dot.className = ok ? "live on" : "live";
+}
