@@ -182,28 +182,35 @@ class Note:
 
 
 NOTES: dict[str, Note] = {
-    "core": Note("1ad53e9", """
+    "core": Note("6cb1a04-dirty", """
 Steady throughput on a 2-core machine is noisy run to run; the noise-robust figures from the same run
-agree: rank-0 worker CPU per step 2.169 ms (raw) vs 2.172 ms (trainforge), i.e. 1.00x; fastest tenth of
-steps 362 vs 412 steps/s; driver CPU per throughput run 0.26 vs 0.26 s; `report()` is 1.5% of the step.
+agree: rank-0 worker CPU per step 1.650 ms (raw) vs 1.620 ms (trainforge), i.e. 1.02x; fastest tenth of
+steps 491 vs 511 steps/s; driver CPU per throughput run 0.13 vs 0.19 s; `report()` is 1.6% of the step.
 Local workers write metrics-only reports into a shared-memory ring (no system call, and a report that
-returned survives the worker's death); the driver drains the rings every 50 ms or when a socket message
-wakes it. A report with a checkpoint takes the socket, so its commit starts at once. trainforge reaches
-the first step sooner because its workers start and import torch while the driver sets up; about half
-of either figure is torch's own first-DDP-construction cost. Ray Train blocks about 2 s in each
-`report()` (its first step includes starting Ray), so it is timed over 10 steps.
+returned survives the worker's death); a report that finds the ring empty wakes the driver through an
+eventfd, and a worker reporting every step (as here) is drained every 20 ms instead, without a wake-up
+per report. A report with a checkpoint takes the socket, so its commit starts at once. trainforge
+reaches the first step sooner because its workers start and import torch while the driver sets up;
+about half of either figure is torch's own first-DDP-construction cost. Ray Train blocks about 2 s in
+each `report()` (its first step includes starting Ray), so it is timed over 10 steps.
 """),
-    "recovery": Note("1ad53e9-dirty", """
+    "recovery": Note("6cb1a04-dirty", """
 Recovery is the time from a worker's death to rank 0's first training step in the restarted group,
 against the cold start of raw DDP (spawn → first step). Recovery phases (medians, seconds after the
-death): detected 0.03; the failed workers are SIGKILLed at once and the old group is stopped by
-0.03–0.05 (reaped in the background by 0.10); the standby workers are connected at the same instant.
-Early in the run (the death comes 2.5 s after the standby workers were started, while they still import
-torch on 2 busy cores) rank 0 answers its first command at 0.92 and takes its first step at 0.97; once
-the standby workers are ready (the steady row) the process group is ready at 0.04 and the first step
-done at 0.09. The 10 MB miss is fixed cost (~1 ms per checkpoint: hand-off, driver wake-up, commit
-bookkeeping) over a 3.1 ms copy; against `cp -r` (2133 MB/s) trainforge is faster. On a local disk ASYNC
-saves nothing (it still copies to a local staging directory); against slow storage it removes the stall.
+death, `os._exit` row): detected 0.015; the failed workers are SIGKILLed at once and the old group is
+stopped by 0.02 (reaped in the background by 0.04). The standby workers are forked by one zygote of the
+run's own, which imports torch and `torch._dynamo` once for both. Early in the run it was started 2.3 s
+before the death, while the running workers were still importing `torch._dynamo` for their first DDP,
+so the restart waits for the rest of that one import: the zygote serves at 0.72 (SIGKILL row: 0.75),
+the forked workers are connected at 0.74 and rank 0 takes its first step at 0.79 (0.82): the SIGKILL
+row misses the 0.8 s goal by 0.02 s. Once the standby workers are ready (the steady row) the process
+group is ready at 0.04 and the first step done at 0.08. Persisting 10 MB: 3.4 ms from `report()` to
+the committed checkpoint against a 2.9 ms copytree; of the 0.45 ms more, 0.22 ms is the hand-off (a
+socket message waking the driver), 0.16 ms the commit (the marker written into the staged directory,
+then one rename into place; the emptied staging directory, whose removal can take milliseconds on this
+disk, goes after the report is handed on) and 0.04 ms the metrics flush, short of the 0.9x goal by
+~0.15 ms. On a local disk ASYNC saves nothing (it still copies to a local staging directory); against
+slow storage it removes the stall.
 """),
     "ray": Note("482707b", """
 One local Ray instance, 2 CPU workers, the same MLP as the core benchmark. Ray Train blocks about 2 s in
@@ -293,16 +300,17 @@ wall times loosely. Sinks run on the driver, each on its own thread behind a bou
 sleeps 200 ms a call does not slow `report()`, while the same sleep in a plain callback delays every
 report's delivery (the lag column). Logging from rank 0 by hand in the loop is what the sinks replace.
 """),
-    "tune": Note("3762511-dirty", """
+    "tune": Note("6cb1a04-dirty", """
 The same trainables through trainforge's `Tuner` and Ray Tune 2.60, each variant in a fresh driver
 process. "ratio" is how many times trainforge is better (below 1: Ray is better). Ray's torch figures
 use its documented Train-in-Tune pattern (a driver function fitting `TorchTrainer(num_workers=2)` with
 `TuneReportCallback`) on `num_cpus=3`, since the driver function's trial holds a CPU of its own; its
 search figure drives Ray's `OptunaSearch` directly. The torch overhead is a trial's wall time minus its
-loop; with warm workers the rest is mostly starting the process group and ending the run. Ray wins the
-plain function trial's report → decision (its function runner hands the result over in the trial's
-process; ours crosses the worker → driver report ring), and Ray marks a stopped trial complete at once
-while its processes exit later, where trainforge ends the trial when its processes are gone.
+loop; with warm workers the rest is mostly starting the process group and ending the run. A function
+trial's report crosses the worker → driver report ring, whose eventfd wakes the driver when the report
+finds the ring empty (a worker reporting more often than every 10 ms is drained every 20 ms instead),
+so report → decision beats Ray's in-process hand-over. Ray marks a stopped trial complete at once while
+its processes exit later, where trainforge ends the trial when its processes are gone.
 """),
 }
 

@@ -322,8 +322,9 @@ def test_elastic_gives_up_when_minimum_never_fits(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_restart_uses_prestarted_standby_workers(tmp_path):
-    """A run that may restart keeps standby workers with torch and torch._dynamo already imported;
-    the restarted group is made of them (and none outlives the run: the autouse leak check)."""
+    """A run that may restart keeps standby workers with torch and torch._dynamo already imported,
+    forked by one zygote of the pool's own (it imported them once for both); the restarted group is
+    made of them (and none outlives the run: the autouse leak check)."""
     from trainforge.torch import TorchTrainer
 
     def loop():
@@ -335,11 +336,40 @@ def test_restart_uses_prestarted_standby_workers(tmp_path):
                 raise RuntimeError("fail once")
             while True:
                 time.sleep(0.05)
-        train.report({"dynamo_preloaded": "torch._dynamo" in sys.modules, "pid": os.getpid()})
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            parent = f.read().replace(b"\0", b" ").decode()
+        train.report({"dynamo_preloaded": "torch._dynamo" in sys.modules, "parent": os.getppid(),
+                      "parent_cmdline": parent})  # fmt: skip
 
     trainer = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=2), run_config=_rc(tmp_path, max_failures=1))
     [report] = list(trainer.fit_iter())
     assert [m["dynamo_preloaded"] for m in report.all_metrics] == [True, True]
+    [parent] = {m["parent"] for m in report.all_metrics}
+    assert parent != os.getpid()
+    assert "trainforge._internal.zygote" in report.all_metrics[0]["parent_cmdline"]
+
+
+def test_standby_workers_are_fresh_processes_when_no_zygote_starts(tmp_path, monkeypatch):
+    import subprocess
+
+    from trainforge._internal.worker_group import local_pool
+
+    def no_zygote(*args, **kwargs):
+        raise OSError("no zygote here")
+
+    monkeypatch.setattr(local_pool, "StandbyZygote", no_zygote)
+    pool = local_pool.LocalProcessPool(stack_dir=str(tmp_path))
+    try:
+        pool.prewarm(2, ())
+        assert pool.standby_count == 2
+        workers = pool.acquire(2, ())
+        assert all(isinstance(w.proc, subprocess.Popen) for w in workers)
+        pool.wait_connected(workers)
+        for w in workers:
+            pool._discard(w)
+    finally:
+        pool.close()
+    assert all(w.proc.returncode is not None for w in workers)
 
 
 def test_no_standby_workers_without_restarts(tmp_path):

@@ -147,3 +147,97 @@ def test_an_fd_that_is_not_a_ring_is_refused() -> None:
             RingReader(fd)
     finally:
         os.close(fd)
+
+
+def _woken(fd: int) -> bool:
+    try:
+        os.eventfd_read(fd)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def test_the_writer_wakes_an_armed_reader_only_for_a_record_that_finds_the_ring_empty() -> None:
+    fd = create_ring_fd(HEADER_BYTES + 4096)
+    wake = report_ring.create_wake_fd()
+    assert wake is not None
+    reader_wake = os.dup(wake)
+    writer, reader = RingWriter(fd, wake_fd=wake), RingReader(fd, wake_fd=reader_wake)
+    os.close(fd)
+    writer.put(b"unarmed")
+    assert not _woken(reader_wake)  # not armed: no system call for it
+    assert reader.drain() == [b"unarmed"]
+    reader.arm(True)
+    writer.put(b"first")
+    writer.put(b"second")  # the ring was not empty any more
+    assert _woken(reader_wake) and not _woken(reader_wake)
+    assert reader.drain() == [b"first", b"second"]
+    writer.put(b"third")  # empty again and still armed
+    assert _woken(reader_wake)
+    reader.arm(False)
+    assert reader.drain() == [b"third"]
+    writer.put(b"fourth")
+    assert not _woken(reader_wake)
+    writer.close()
+    reader.close()
+
+
+def test_a_record_written_while_unarmed_is_seen_before_the_reader_sleeps() -> None:
+    writer, reader = _pair(HEADER_BYTES + 4096)
+    reader.drain()
+    writer.put(b"while unarmed")
+    reader.arm(True)
+    assert reader.written_since_drain()  # so it drains again instead of waiting for a wake-up
+    assert reader.drain() == [b"while unarmed"]
+    assert not reader.written_since_drain()
+
+
+def _ring_group(wake_fd: int, ring_fd: int):
+    """A SocketWorkerGroup with one worker whose only channel is a ring."""
+    from trainforge._internal.worker_group.socket_group import SocketWorkerGroup, WorkerHandle
+
+    class RingOnly(SocketWorkerGroup):
+        _launch = _await_exit = _death = _stop = dump_stacks = lambda *a: None  # type: ignore[assignment]
+
+        def _exited(self, workers):
+            return set()
+
+    group = RingOnly()
+    w = WorkerHandle()
+    w.ring = RingReader(ring_fd, wake_fd=wake_fd)
+    group._workers = [w]
+    return group, w
+
+
+def test_the_driver_keeps_a_slow_reporters_ring_armed_and_paces_a_busy_one() -> None:
+    import pickle
+
+    from trainforge._internal.worker_group import socket_group
+
+    fd = create_ring_fd(HEADER_BYTES + 65536)
+    wake = report_ring.create_wake_fd()
+    assert wake is not None
+    group, w = _ring_group(os.dup(wake), fd)
+    writer = RingWriter(fd, wake_fd=wake)
+    os.close(fd)
+
+    def report(i: int) -> bytes:
+        return pickle.dumps(("report", i, pickle.dumps({"i": i}), False, 0.0))
+
+    w.ring.arm(True)
+    writer.put(report(0))
+    group._drain_ring(w)
+    assert w.ring_busy_until == 0.0  # one record, none drained just before: stays armed
+    w.ring_last_records -= socket_group.RING_BUSY_GAP_S  # the next record comes that much later
+    writer.put(report(1))
+    group._drain_ring(w)
+    assert w.ring_busy_until == 0.0
+    w.ring_last_records -= socket_group.RING_BUSY_GAP_S
+    writer.put(report(2))
+    writer.put(report(3))  # two records at one drain: a busy writer
+    group._drain_ring(w)
+    assert w.ring_busy_until > 0.0
+    assert not report_ring._READ_ARMED.unpack_from(w.ring._m, report_ring._READ_OFF)[1]  # disarmed
+    assert [e.index for e in group.poll(0)] == [0, 1, 2, 3]
+    writer.close()
+    w.ring.close()

@@ -120,6 +120,8 @@ def test_commit_merges_ranks_lowest_rank_wins(storage, tmp_path):
     assert tree == {"shared.bin": "rank0", "sub/r0.txt": "0", "sub/r1.txt": "1", "r2.txt": "2"}
     assert marker["index"] == 7 and marker["report_index"] == 3 and marker["attempt"] == 0
     assert marker["ranks"] == [0, 1, 2] and marker["metrics"] == {"loss": 0.25}
+    assert Path(storage.staging_path(0, 3)).exists()  # cleanup, left for once the report is handed on
+    storage.remove_committed_staging()
     assert not Path(storage.staging_path(0, 3)).exists()
 
 
@@ -135,6 +137,26 @@ def test_commit_replaces_leftovers_of_an_interrupted_commit(storage, tmp_path):
     stage(storage, tmp_path, 0, 0, 0, {"fresh.txt": "new"})
     ckpt = storage.commit_checkpoint(0, 0, [0], seq=0, metrics={})
     assert set(read_tree(Path(ckpt.path))) == {"fresh.txt", COMMIT_MARKER}
+
+
+def test_a_one_rank_commit_renames_a_complete_directory_into_place(storage, tmp_path, monkeypatch):
+    """The checkpoint directory appears in one rename, its marker already inside: no moment where
+    the checkpoint's name holds files without a marker."""
+    stage(storage, tmp_path, 0, 0, 0, {"model.pt": "w"})
+    real_replace = os.replace
+    seen: list[set[str]] = []
+
+    def replace(src, dst):
+        if str(dst) == storage.path("checkpoint_000000"):
+            assert not os.path.exists(dst)
+            seen.append(set(os.listdir(src)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    ckpt = storage.commit_checkpoint(0, 0, [0], seq=0, metrics={"loss": 1})
+    assert seen == [{"model.pt", COMMIT_MARKER}]
+    assert json.loads(Path(ckpt.path, COMMIT_MARKER).read_text())["metrics"] == {"loss": 1}
+    assert [c.path for c, _ in storage.list_checkpoints()] == [ckpt.path]
 
 
 @pytest.mark.parametrize("ranks", [[0], [0, 1]], ids=["one_rank", "two_ranks"])
@@ -199,6 +221,10 @@ def test_remove_staging_if_empty(storage, tmp_path):
     storage.remove_staging_if_empty()
     assert not Path(storage.path(STAGING_DIR)).exists()
     storage.remove_staging_if_empty()  # already gone: no error
+    stage(storage, tmp_path, 0, 1, 0, {"g": "1"})
+    storage.commit_checkpoint(0, 1, [0], 0, {})
+    storage.remove_staging_if_empty()  # a committed report's staging directory is not "something left"
+    assert not Path(storage.path(STAGING_DIR)).exists()
 
 
 def test_stage_copies_so_source_can_be_deleted(storage, tmp_path):
@@ -304,6 +330,7 @@ def test_memory_commit_list_delete(memory_storage, tmp_path):
     assert fs.cat(root + "/model.pt") == b"m"
     assert fs.cat(root + "/r1/opt.pt") == b"o"
     assert json.loads(fs.cat(root + "/" + COMMIT_MARKER))["metrics"] == {"acc": 0.9}
+    s.remove_committed_staging()
     assert not fs.exists(s.staging_path(0, 0))
 
     # an uncommitted dir is not listed

@@ -217,6 +217,7 @@ def test_commit_retries_each_step_and_stays_correct(tmp_path):
     assert json.loads(files.pop(COMMIT_MARKER))["metrics"] == {"loss": 1.0}
     assert files == {"shared.txt": "rank0", "r0/own.txt": "0", "r1/own.txt": "1"}
     assert s.fs.calls["copy"] == 3 and s.fs.calls["pipe_file"] == 2
+    s.remove_committed_staging()
     assert not Path(s.staging_path(0, 0)).exists()
 
 

@@ -194,6 +194,9 @@ class Controller:
             RunState.RESIZING: self._resize,
         }[self.state]
         try:
+            # The previous step's committed reports were handed on (yielded) since: their staging
+            # directories go now, off the path from a report to its commit.
+            self.storage.remove_committed_staging()
             handler()
         except StorageError as exc:
             # The storage failed for good (after retries): the run cannot persist anything more.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -31,9 +32,14 @@ class MetricsLog:
         self._last_flush = time.monotonic()
         if not self._unwritten:
             return
-        if self._storage.is_local:
-            with open(self._storage.path(METRICS_FILE), "a") as f:
-                f.write("\n".join(self._unwritten) + "\n")
+        if self._storage.is_local:  # one append, as bytes: no text layer (this runs before each commit)
+            fd = os.open(self._storage.path(METRICS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            try:
+                data = ("\n".join(self._unwritten) + "\n").encode()
+                while data:
+                    data = data[os.write(fd, data):]
+            finally:
+                os.close(fd)
         else:  # object stores cannot append: rewrite the whole file
             self._storage.write_text(METRICS_FILE, "".join(dumps(r) + "\n" for r in self.rows))
         self._unwritten = []

@@ -24,12 +24,21 @@ filesystem (server-side ``CopyObject`` on S3: no data passes through the driver)
 delete. A directory without the marker is never treated as a checkpoint and is removed by the next
 run on that directory, so a run killed in the middle of a commit leaves nothing that is picked up.
 
+The common case, one rank's files on local disk, is one rename: the trainer's metadata and the
+marker are written into that rank's staging directory, which is then renamed into place, so the
+checkpoint directory appears whole, marker included. Removing a committed report's staging directory
+is cleanup, not part of the commit (on some disks removing even an empty directory waits for the
+journal, milliseconds): :meth:`StorageContext.commit_checkpoint` leaves it to
+:meth:`StorageContext.remove_committed_staging`, which the controller calls once the report is handed
+on (an interrupted run's leftovers are removed by the next run, as above).
+
 Every operation retries transient errors and raises :class:`StorageError` naming the operation, the
 URL and the cause when it fails for good (see ``retry.py``).
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -94,6 +103,26 @@ def _copy_tree(src: str, dest: str) -> None:
             shutil.copyfile(os.path.join(dirpath, name), os.path.join(target, name))
 
 
+def _write_new(path: str, data: bytes) -> None:
+    """Write a file in a directory nobody reads yet (a staging directory): no temporary name."""
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _move_dir(src: str, dest: str) -> None:
+    """Rename directory ``src`` to ``dest``, replacing what an interrupted commit left at ``dest``."""
+    try:
+        os.replace(src, dest)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise
+        if os.path.isdir(dest) and not os.path.islink(dest):
+            shutil.rmtree(dest)
+        else:
+            os.remove(dest)
+        os.replace(src, dest)
+
+
 class StorageContext:
     """A run's directory and the operations the driver and the workers do on it. Picklable (with its
     filesystem: s3fs and the other fsspec filesystems pickle their constructor arguments)."""
@@ -111,6 +140,7 @@ class StorageContext:
         self.trainer_metadata = dict(trainer_metadata or {})
         self.fs, root = resolve_filesystem(storage_path, filesystem)
         self.run_path = self._join(root, name)
+        self._committed_staging: list[str] = []  # staging directories of committed reports, to remove
 
     # -- small helpers ----------------------------------------------------------------------------
     @property
@@ -324,22 +354,12 @@ class StorageContext:
         """Merge the staged files of ``ranks`` into ``checkpoint_{seq:06d}`` and write the marker last
         (``extra``: more fields for the marker).
 
-        Each step is retried on its own and may run again without harm; the staging directory is
-        removed only after the marker is written."""
+        Each step is retried on its own and may run again without harm. The report's staging
+        directory is left for :meth:`remove_committed_staging` (call it once the report is handed on)."""
         name = f"{CHECKPOINT_PREFIX}{seq:06d}"
         final = self.path(name)
         staged = self.staging_path(attempt, report_index)
         op = "commit_checkpoint"
-        self._do(op, final, self._rm, final)  # leftovers of an interrupted commit of the same number
-        single = self._join(staged, f"rank_{ranks[0]}") if len(ranks) == 1 else None
-        if self.fs is None and single is not None and os.path.isdir(single):
-            # One rank's files on local disk (the common case): move its directory into place at once.
-            self._do(op, final, os.replace, single, final)
-        else:
-            plan = self._do(op, staged, self._merge_plan, staged, ranks)
-            self._do(op, final, self._place, plan, final)
-        if self.trainer_metadata:
-            self._do(op, final, self._merge_trainer_metadata, final)
         marker = {
             "index": seq,
             "report_index": report_index,
@@ -349,10 +369,32 @@ class StorageContext:
             "time": time.time(),
             **(extra or {}),
         }
-        marker_path = self._join(final, COMMIT_MARKER)
-        self._do(op, marker_path, self._write, marker_path, dumps(marker).encode())
-        self._do(op, staged, self._rm, staged)
+        single = self._join(staged, f"rank_{ranks[0]}") if len(ranks) == 1 else None
+        if self.fs is None and single is not None and os.path.isdir(single):
+            # One rank's files on local disk (the common case): complete its directory, marker last,
+            # then rename it into place; nothing is visible under the checkpoint's name before that.
+            if self.trainer_metadata:
+                self._do(op, single, self._merge_trainer_metadata, single)
+            marker_path = os.path.join(single, COMMIT_MARKER)
+            self._do(op, marker_path, _write_new, marker_path, dumps(marker).encode())
+            self._do(op, final, _move_dir, single, final)
+        else:
+            self._do(op, final, self._rm, final)  # leftovers of an interrupted commit of the same number
+            plan = self._do(op, staged, self._merge_plan, staged, ranks)
+            self._do(op, final, self._place, plan, final)
+            if self.trainer_metadata:
+                self._do(op, final, self._merge_trainer_metadata, final)
+            marker_path = self._join(final, COMMIT_MARKER)
+            self._do(op, marker_path, self._write, marker_path, dumps(marker).encode())
+        self._committed_staging.append(staged)
         return self.checkpoint(final)
+
+    def remove_committed_staging(self) -> None:
+        """Remove the staging directories of the reports committed since the last call."""
+        while self._committed_staging:
+            staged = self._committed_staging[0]
+            self._do("remove_staging", staged, self._rm, staged)
+            self._committed_staging.pop(0)
 
     def _merge_trainer_metadata(self, final: str) -> None:
         """Write the trainer's metadata under the checkpoint's own (a key a worker set wins)."""
@@ -391,6 +433,7 @@ class StorageContext:
     def remove_staging_if_empty(self) -> None:
         """At the end of a run: remove ``.staging/`` unless something is left in it (an interrupted
         commit's files, which the next run on this directory removes)."""
+        self.remove_committed_staging()
         staging = self.path(STAGING_DIR)
         if self.fs is None:
             try:
@@ -448,4 +491,4 @@ class StorageContext:
             self._do("stage_checkpoint", dest, put, local_dir.rstrip("/") + "/", dest + "/")
 
     def __getstate__(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "_committed_staging": []}  # the driver's own bookkeeping

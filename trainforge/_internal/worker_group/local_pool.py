@@ -6,9 +6,12 @@ its preload modules (torch for a TorchTrainer) and waits. A worker group then ta
 the pool and gives each its rank and environment in the "setup" message.
 
 Standby workers: once a run that may restart (``max_failures != 0`` or elastic) is training, the pool
-starts spare processes that import torch and ``torch._dynamo`` (what the first DistributedDataParallel
-needs) and trainforge ahead of time, so a restart or a resize skips the ~2.5 s of imports. They cost
-memory (one interpreter with torch each) and a one-off burst of CPU; they are killed when the run ends.
+starts spare processes that have imported torch and ``torch._dynamo`` (what the first
+DistributedDataParallel needs) and trainforge ahead of time, so a restart or a resize skips the ~2.5 s
+of imports. They are forked from a zygote of the pool's own (standby_zygote.py), which imports once
+for all of them (a restart soon after the start waits for one import, not for several competing with
+the running workers); where it cannot serve they are fresh processes, and in a job of a warm train
+server they come from the server's zygote. They are killed when the run ends.
 
 Reaper: a group that stopped (killed) its workers hands the wait for their ends and the closing of
 their files to :meth:`LocalProcessPool.reap`, so the next group starts meanwhile; :meth:`close` waits
@@ -45,6 +48,7 @@ from trainforge._internal.process_tree import signal_groups
 from trainforge._internal.worker_group import report_ring
 from trainforge._internal.worker_group.listener import WorkerListener
 from trainforge._internal.worker_group.socket_group import WorkerHandle
+from trainforge._internal.worker_group.standby_zygote import StandbyZygote
 from trainforge._internal.zygote import ENV_ZYGOTE, ZygoteChild
 
 logger = logging.getLogger("trainforge")
@@ -110,6 +114,9 @@ class LocalProcessPool:
         self._zygote_failed = False
         self._all_pids: list[int] = []
         self._reapers: list[threading.Thread] = []
+        self._zygote: StandbyZygote | None = None  # forks the standby workers (standby_zygote.py)
+        self._zygote_unusable = False
+        self._warmer: threading.Thread | None = None  # forks them once the zygote serves
         self._finalizer = weakref.finalize(self, signal_groups, self._all_pids, signal.SIGKILL)
 
     # -- spawning ---------------------------------------------------------------------------------
@@ -121,10 +128,14 @@ class LocalProcessPool:
         self._seq += 1
         return os.path.join(self._stack_dir, f".worker_{self._seq}.stack")  # renamed by rank at setup
 
-    def spawn(self, preload: tuple[str, ...]) -> WorkerProcess:
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, **self._spawn_env}
+
+    def spawn(self, preload: tuple[str, ...], zygote_path: str | None = None) -> WorkerProcess:
+        """A new worker process: forked by the zygote at ``zygote_path`` (raising ZygoteUnavailable
+        if it cannot), else by the train server's zygote, else a fresh interpreter."""
         key = self._listener.new_key()
-        env = dict(os.environ)
-        env.update(self._spawn_env)
+        env = self._env()
         env[ENV_DRIVER_ADDR] = self._listener.address
         env[ENV_AUTHKEY] = self._listener.authkey.hex()
         env[ENV_WORKER_KEY] = key
@@ -159,10 +170,15 @@ class LocalProcessPool:
 
         self._listener.expect(key, on_hello)
         try:
-            use_zygote = env.get(ENV_ZYGOTE) and not self._zygote_failed
-            proc: subprocess.Popen[bytes] | ZygoteChild | None = (
-                self._fork_from_zygote(env, child_fds, preload) if use_zygote else None
-            )
+            proc: subprocess.Popen[bytes] | ZygoteChild | None = None
+            if zygote_path is not None:
+                proc = self._fork_from_zygote(zygote_path, env, child_fds, preload)
+            elif env.get(ENV_ZYGOTE) and not self._zygote_failed:
+                try:
+                    proc = self._fork_from_zygote(env[ENV_ZYGOTE], env, child_fds, preload)
+                except zygote.ZygoteUnavailable as exc:
+                    logger.warning("%s; starting this run's workers as fresh processes", exc)
+                    self._zygote_failed = True
             if proc is None:
                 proc = subprocess.Popen(
                     [sys.executable, "-u", "-m", "trainforge._internal.worker_group.worker_main"],
@@ -196,11 +212,12 @@ class LocalProcessPool:
         self._all_pids.append(proc.pid)
         return w
 
-    def _fork_from_zygote(self, env: dict[str, str], child_fds: tuple[int, ...], preload: tuple[str, ...]) -> ZygoteChild | None:
-        """The worker forked by the train server's warm zygote (``$TRAINFORGE_ZYGOTE``, see
-        _internal/zygote/): it has trainforge (and torch, once an earlier job needed it) imported already;
-        ``child_fds`` are given to it under the same numbers. None (start a fresh interpreter instead)
-        if the zygote does not answer."""
+    def _fork_from_zygote(self, path: str, env: dict[str, str], child_fds: tuple[int, ...],
+                          preload: tuple[str, ...]) -> ZygoteChild:  # fmt: skip
+        """The worker forked by the zygote at ``path`` (the train server's, ``$TRAINFORGE_ZYGOTE``, or
+        the pool's own; see _internal/zygote/): it has trainforge (and torch, once needed) imported
+        already; ``child_fds`` are given to it under the same numbers. ZygoteUnavailable if the zygote
+        does not answer."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         fds = [out_w, err_w, *child_fds]
@@ -211,13 +228,11 @@ class LocalProcessPool:
             preload=preload,
         )  # fmt: skip
         try:
-            child = zygote.spawn(env[ENV_ZYGOTE], request, fds)
-        except zygote.ZygoteUnavailable as exc:
-            logger.warning("%s; starting this run's workers as fresh processes", exc)
-            self._zygote_failed = True
+            child = zygote.spawn(path, request, fds)
+        except zygote.ZygoteUnavailable:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
-            return None
+            raise
         os.close(out_w)  # the worker has its copies
         os.close(err_w)
         child.stdout = open(out_r, "rb")  # noqa: SIM115 - read by the worker's LogStreamer until EOF
@@ -225,7 +240,10 @@ class LocalProcessPool:
         return child
 
     def acquire(self, n: int, preload: tuple[str, ...]) -> list[WorkerProcess]:
-        """``n`` processes: live standby ones first, fresh ones for the rest."""
+        """``n`` processes: live standby ones first (waiting for those the zygote is about to fork:
+        they are ready sooner than fresh ones), then forked by the zygote, then fresh ones."""
+        if self._warmer is not None:
+            self._warmer.join(constants.worker_start_timeout_s())
         taken: list[WorkerProcess] = []
         while self._standby and len(taken) < n:
             w = self._standby.pop(0)
@@ -233,17 +251,59 @@ class LocalProcessPool:
                 taken.append(w)
             else:
                 self._discard(w)
-        taken += [self.spawn(preload) for _ in range(n - len(taken))]
+        while len(taken) < n:
+            taken.append(self._fork_or_spawn(preload))
         return taken
 
+    def _fork_or_spawn(self, preload: tuple[str, ...]) -> WorkerProcess:
+        z = self._zygote
+        if z is not None and not self._zygote_unusable and set(preload) <= set(z.preload) and z.serving:
+            try:
+                return self.spawn(z.preload, z.path)
+            except zygote.ZygoteUnavailable as exc:
+                logger.warning("%s; starting workers as fresh processes", exc)
+                self._zygote_unusable = True
+        return self.spawn(preload)
+
     def prewarm(self, n: int, preload: tuple[str, ...]) -> None:
-        """Start standby processes until ``n`` wait. Call from a long-lived thread: Linux ties a
-        child's parent-death signal to the thread that spawned it."""
+        """Have ``n`` standby processes wait: forked by the pool's zygote (started now if need be) as
+        soon as it serves, from a thread; or else started at once. Call from a long-lived thread:
+        Linux ties a (fresh) child's parent-death signal to the thread that spawned it."""
         extra = ("torch._dynamo", "trainforge.torch") if "torch" in preload else ("trainforge",)
         warm = tuple(dict.fromkeys(preload + extra))
+        if self._closed or (self._warmer is not None and self._warmer.is_alive()):
+            return  # the warmer fills the list
         self._standby = [w for w in self._standby if w.proc.poll() is None]
+        if len(self._standby) >= n:
+            return
+        if self._zygote is None and not self._zygote_unusable and not self._env().get(ENV_ZYGOTE):
+            try:
+                self._zygote = StandbyZygote(warm, self._env())
+                self._all_pids.append(self._zygote.pid)
+            except OSError as exc:
+                logger.warning("could not start a zygote for standby workers (%s); starting them fresh", exc)
+                self._zygote_unusable = True
+        z = self._zygote
+        if z is not None and not self._zygote_unusable and set(warm) <= set(z.preload):
+            self._warmer = threading.Thread(target=self._fork_standbys, args=(z, n), name="trainforge-standby",
+                                            daemon=True)  # fmt: skip
+            self._warmer.start()
+            return
         while len(self._standby) < n and not self._closed:
             self._standby.append(self.spawn(warm))
+
+    def _fork_standbys(self, z: StandbyZygote, n: int) -> None:
+        """The warmer thread: once the zygote serves, fork standby workers until ``n`` wait."""
+        if not z.wait_ready(constants.worker_start_timeout_s()):
+            return  # not serving (yet): the next acquire() starts fresh processes
+        while len(self._standby) < n and not self._closed:
+            try:
+                self._standby.append(self.spawn(z.preload, z.path))
+            except (zygote.ZygoteUnavailable, OSError) as exc:
+                if not self._closed:
+                    logger.warning("%s; standby workers will be fresh processes", exc)
+                    self._zygote_unusable = True
+                return
 
     @property
     def standby_count(self) -> int:
@@ -303,12 +363,18 @@ class LocalProcessPool:
         """Kill the standby processes, wait for the reaper, stop listening. Workers handed to groups
         are theirs."""
         self._closed = True
+        if self._zygote is not None and not self._zygote.serving:
+            self._zygote.kill()  # still importing: nothing forked from it, and the warmer stops waiting
+        if self._warmer is not None:
+            self._warmer.join()
         for t in self._reapers:
             t.join()
         self._reapers = []
         for w in self._standby:
             self._discard(w)
         self._standby = []
+        if self._zygote is not None:
+            self._zygote.close()  # after every worker it forked was reaped (their exit statuses come through it)
         self._listener.close()
         self._finalizer.detach()
         if self._tmp_dir is not None:

@@ -28,9 +28,10 @@ to drain (``nudge``) and waits for room: back-pressure, as a full socket buffer 
 Wake-up: a driver waiting for reports must not poll the ring. Each ring has a wake-up ``eventfd``
 (:func:`create_wake_fd`, passed to the worker beside the ring); the writer signals it only on the
 ring's edge from empty to non-empty (the published read position equals the record's position)
-and only while the driver has armed the ring (:meth:`RingReader.arm`: it does before it sleeps, and
-not for a while after a wake-up, so a worker reporting every millisecond wakes it a hundred times a
-second at most, not a thousand). A worker reporting faster than the driver drains makes no system
+and only while the driver has armed the ring (:meth:`RingReader.arm`: it does before it sleeps, but
+not for a while after a drain that found a busy writer, so a worker reporting every millisecond wakes
+it fifty times a second, not a thousand, while one reporting every 20 ms wakes it for each report;
+see socket_group's ``RING_BUSY_GAP_S``). A worker reporting faster than the driver drains makes no system
 call per report. The two sides follow Dekker's pattern on the shared header: the writer publishes
 its write position, then reads the read position and the armed flag; the reader publishes its read
 position and arms, then (:meth:`RingReader.written_since_drain`) reads the write position again

@@ -35,10 +35,14 @@ from trainforge._internal.worker_group.api import (
 
 TAIL_LINES = 60
 READ_INTERVAL_S = 0.02  # while training, the driver reads socket-borne reports at most this often
-# The report rings of local workers are drained at least this often; a ring wakes the driver for a
-# record that finds it empty unless a drain took records from it less than this long ago (a worker
-# reporting in a busy loop is drained at this pace, without waking the driver for each report).
+# The report rings of local workers are drained at least this often. A ring wakes the driver for a
+# record that finds it empty, unless its writer is a busy one: a drain took several records from it,
+# or took records less than RING_BUSY_GAP_S after the previous drain that did. A busy writer is then
+# drained at this pace (its wake-ups disarmed until the next drain), so a worker reporting every step
+# wakes the driver ~50 times a second, not at each report; a worker reporting less often than every
+# RING_BUSY_GAP_S has each report handled when it is written.
 RING_DRAIN_S = 0.02
+RING_BUSY_GAP_S = RING_DRAIN_S / 2
 
 
 class WorkerHandle:
@@ -57,6 +61,7 @@ class WorkerHandle:
         self.stacks: dict[int, str] = {}  # replies to "stacks" commands, by request id
         self.ring: Any = None  # a local worker's report ring (report_ring.RingReader)
         self.ring_busy_until = 0.0  # its wake-ups are disarmed until then (socket_group.RING_DRAIN_S)
+        self.ring_last_records = float("-inf")  # when a drain last took records from the ring
         self.after_count = 0  # ordered ("after") socket messages read: the ring is read up to their tag
 
     @property
@@ -208,8 +213,11 @@ class SocketWorkerGroup(WorkerGroup):
     def _drain_ring(self, w: WorkerHandle, upto: int | None = None, everything: bool = False) -> None:
         records = w.ring.drain(upto, None if everything else w.after_count)
         if records and w.ring.wake_fd is not None:
-            w.ring.arm(False)  # a busy writer: its next records wait for the drain RING_DRAIN_S from now
-            w.ring_busy_until = time.monotonic() + RING_DRAIN_S
+            now = time.monotonic()
+            if len(records) > 1 or now - w.ring_last_records < RING_BUSY_GAP_S:
+                w.ring.arm(False)  # a busy writer: its next records wait for the drain RING_DRAIN_S from now
+                w.ring_busy_until = now + RING_DRAIN_S
+            w.ring_last_records = now
         for data in records:
             self._dispatch(w, pickle.loads(data))
 
