@@ -371,24 +371,8 @@ class JobStore:
         name: str | None = None,
     ) -> list[JobRow]:
         """Jobs in ``states`` (all if None), by id; keyset paging with ``before``/``after`` (ids)."""
-        where: list[str] = []
-        args: list[Any] = []
-        if states:
-            where.append(f"state IN ({','.join('?' * len(states))})")
-            args.extend(states)
-        if before is not None:
-            where.append("id < ?")
-            args.append(before)
-        if after is not None:
-            where.append("id > ?")
-            args.append(after)
-        if name:
-            where.append("instr(name, ?) > 0")  # a plain substring (LIKE would treat _ and % as wildcards)
-            args.append(name)
-        sql = "SELECT * FROM jobs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY id {'DESC' if newest_first else 'ASC'}"
+        where, args = _job_filter(states, before, after, name)
+        sql = f"SELECT * FROM jobs{where} ORDER BY id {'DESC' if newest_first else 'ASC'}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return [JobRow.from_sql(r) for r in self._read(sql, args)]
@@ -432,18 +416,8 @@ class JobStore:
 
     def count(self, states: Sequence[str] | None = None, *, before: int | None = None, name: str | None = None) -> int:
         """How many jobs :meth:`jobs` with these filters would list without a limit."""
-        where: list[str] = []
-        args: list[Any] = []
-        if states:
-            where.append(f"state IN ({','.join('?' * len(states))})")
-            args.extend(states)
-        if before is not None:
-            where.append("id < ?")
-            args.append(before)
-        if name:
-            where.append("instr(name, ?) > 0")
-            args.append(name)
-        sql = "SELECT COUNT(*) FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
+        where, args = _job_filter(states, before, None, name)
+        sql = f"SELECT COUNT(*) FROM jobs{where}"
         return int(self._read(sql, args)[0][0])
 
     @property
@@ -461,3 +435,24 @@ class JobStore:
             Event(r["seq"], r["job_id"], r["ts"], r["type"], json.loads(r["payload"]))
             for r in self._read(sql, args)
         ]
+
+
+def _job_filter(
+    states: Sequence[str] | None, before: int | None, after: int | None, name: str | None
+) -> tuple[str, list[Any]]:
+    """The ``WHERE`` clause (with its leading space, or empty) and arguments of a job listing's filters."""
+    where: list[str] = []
+    args: list[Any] = []
+    if states:
+        where.append(f"state IN ({','.join('?' * len(states))})")
+        args.extend(states)
+    if before is not None:
+        where.append("id < ?")
+        args.append(before)
+    if after is not None:
+        where.append("id > ?")
+        args.append(after)
+    if name:
+        where.append("instr(name, ?) > 0")  # a plain substring (LIKE would treat _ and % as wildcards)
+        args.append(name)
+    return (" WHERE " + " AND ".join(where) if where else ""), args

@@ -34,14 +34,6 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from trainforge._internal import constants, zygote
-from trainforge._internal.constants import (
-    ENV_AUTHKEY,
-    ENV_DRIVER_ADDR,
-    ENV_REPORT_RING_FD,
-    ENV_REPORT_WAKE_FD,
-    ENV_STACK_FILE,
-    ENV_WORKER_KEY,
-)
 from trainforge._internal.exceptions import WorkerStartError
 from trainforge._internal.log_streaming import LogStreamer
 from trainforge._internal.process_tree import signal_groups
@@ -136,13 +128,13 @@ class LocalProcessPool:
         if it cannot), else by the train server's zygote, else a fresh interpreter."""
         key = self._listener.new_key()
         env = self._env()
-        env[ENV_DRIVER_ADDR] = self._listener.address
-        env[ENV_AUTHKEY] = self._listener.authkey.hex()
-        env[ENV_WORKER_KEY] = key
+        env[constants.ENV_DRIVER_ADDR] = self._listener.address
+        env[constants.ENV_AUTHKEY] = self._listener.authkey.hex()
+        env[constants.ENV_WORKER_KEY] = key
         env["PYTHONUNBUFFERED"] = "1"
         env[constants.ENV_WORKER_PRELOAD] = ",".join(preload)
         stack_file = self._stack_path()
-        env[ENV_STACK_FILE] = stack_file
+        env[constants.ENV_STACK_FILE] = stack_file
         # The worker's reports come through a shared-memory ring (see report_ring.py), passed as an
         # inherited anonymous memory file: nothing to clean up in the file system, whatever happens;
         # and an eventfd the worker signals when the ring goes from empty to non-empty (we wait on it).
@@ -154,9 +146,9 @@ class LocalProcessPool:
                 os.close(ring_fd)
             raise
         if ring_fd is not None:
-            env[ENV_REPORT_RING_FD] = str(ring_fd)
+            env[constants.ENV_REPORT_RING_FD] = str(ring_fd)
         if wake_fd is not None:
-            env[ENV_REPORT_WAKE_FD] = str(wake_fd)
+            env[constants.ENV_REPORT_WAKE_FD] = str(wake_fd)
         child_fds = tuple(fd for fd in (ring_fd, wake_fd) if fd is not None)
         # Expected before the process exists: a worker forked from a zygote says hello within milliseconds.
         hello: dict[str, Any] = {}
