@@ -143,7 +143,7 @@ def recovery_loop(config: dict) -> None:
     end = (10**9 if attempt == 0 else start + config["steps"]) if steady else config["steps"]
     for step in range(start, end):
         loss = core.train_step(model, opt, loss_fn, batches[step % len(batches)])
-        if step == start and rank == 0 and attempt > 0:
+        if step == start and rank == 0:
             t_step = time.time()
             write_json(
                 os.path.join(config["marks"], f"first_step_a{attempt}.json"),
@@ -320,7 +320,8 @@ def drive_recovery(how: str, args: argparse.Namespace) -> dict:
     if getattr(result, "error", None) is not None:
         raise RuntimeError(f"recovery run failed: {result.error!r}")
     out: dict[str, Any] = {"t0": t0, "t_end": t_end, "wrapped": wrapped, "calls": calls, **rss.as_dict()}
-    for key, fname in (("death", "death.json"), ("first_step", "first_step_a1.json")):
+    for key, fname in (("death", "death.json"), ("first_step", "first_step_a1.json"),
+                       ("first_step_a0", "first_step_a0.json")):  # fmt: skip
         path = os.path.join(marks, fname)
         if not os.path.exists(path):
             raise RuntimeError(f"{fname} missing: rank 1 did not die or attempt 1 did not step ({os.listdir(marks)})")
@@ -569,8 +570,10 @@ def derive_recovery(run: dict) -> dict:
         "model_ready": fs["t_model"] - d,
         "first_step_done": fs["t_step"] - d,
     }
+    a0 = run.get("first_step_a0")
     return {
         "recovery_s": phases["first_step_done"],
+        "cold_start_s": None if a0 is None else a0["t_step"] - run["t0"],  # attempt 0 of this restartable run
         "phases": phases,
         "shutdown_s": None if shutdown is None else shutdown["end"] - shutdown["begin"],
         "shutdown_info": None if shutdown is None else shutdown.get("info"),
@@ -673,6 +676,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         ds = [derive_recovery(r) for r in runs.get(f"recovery:{how}", [])]
         s[f"recovery_{how}"] = {
             "recovery_s": median(d.get("recovery_s") for d in ds),
+            "cold_start_s": median(d.get("cold_start_s") for d in ds),
             "shutdown_s": median(d.get("shutdown_s") for d in ds),
             "phases": {p: median(d.get("phases", {}).get(p) for d in ds) for p in RECOVERY_PHASES},
         }
@@ -722,6 +726,10 @@ def table_rows(s: dict, args: argparse.Namespace, async_ok: bool) -> tuple[list[
     tf = s["trainforge_cold_start_s"]
     rows.append(["cold start, driver start -> first step (s)", fmt(raw, ".2f"), fmt(tf, ".2f"), r(ratio(raw, tf)),
                  "(info)", "-"])  # fmt: skip
+    restartable = median(s.get(f"recovery_{how}", {}).get("cold_start_s") for how in ("exit", "sigkill"))
+    if restartable is not None:
+        rows.append(["cold start of the early-death runs (max_failures=1), driver start -> first step (s)",
+                     fmt(raw, ".2f"), fmt(restartable, ".2f"), r(ratio(raw, restartable)), "(info)", "-"])  # fmt: skip
     for size in PERSIST_SIZES:
         p = s["persist"][size]
         base, commit, rep = p["copytree_mbps"], p["commit_mbps"], p["report_mbps"]

@@ -194,23 +194,23 @@ reaches the first step sooner because its workers start and import torch while t
 about half of either figure is torch's own first-DDP-construction cost. Ray Train blocks about 2 s in
 each `report()` (its first step includes starting Ray), so it is timed over 10 steps.
 """),
-    "recovery": Note("6cb1a04-dirty", """
+    "recovery": Note("fb854d3-dirty", """
 Recovery is the time from a worker's death to rank 0's first training step in the restarted group,
 against the cold start of raw DDP (spawn → first step). Recovery phases (medians, seconds after the
-death, `os._exit` row): detected 0.015; the failed workers are SIGKILLed at once and the old group is
-stopped by 0.02 (reaped in the background by 0.04). The standby workers are forked by one zygote of the
-run's own, which imports torch and `torch._dynamo` once for both. Early in the run it was started 2.3 s
-before the death, while the running workers were still importing `torch._dynamo` for their first DDP,
-so the restart waits for the rest of that one import: the zygote serves at 0.72 (SIGKILL row: 0.75),
-the forked workers are connected at 0.74 and rank 0 takes its first step at 0.79 (0.82): the SIGKILL
-row misses the 0.8 s goal by 0.02 s. Once the standby workers are ready (the steady row) the process
-group is ready at 0.04 and the first step done at 0.08. Persisting 10 MB: 3.4 ms from `report()` to
-the committed checkpoint against a 2.9 ms copytree; of the 0.45 ms more, 0.22 ms is the hand-off (a
-socket message waking the driver), 0.16 ms the commit (the marker written into the staged directory,
-then one rename into place; the emptied staging directory, whose removal can take milliseconds on this
-disk, goes after the report is handed on) and 0.04 ms the metrics flush, short of the 0.9x goal by
-~0.15 ms. On a local disk ASYNC saves nothing (it still copies to a local staging directory); against
-slow storage it removes the stall.
+death, `os._exit` row): detected 0.008; the failed workers are SIGKILLed at once and the old group is
+stopped by 0.01 (reaped in the background by 0.02). A run that may restart starts one zygote of its own
+with the driver; it imports torch and `torch._dynamo` once, forks the first group's workers and, from
+the first step on, the standby workers, so a worker dying in the first seconds finds two waiting
+(before, the zygote started with training and was still importing beside the running workers: it
+served 0.72 s after the death). The standby workers are connected at 0.01, the process group is ready
+at 0.03 and the first step done at 0.06 in every row. The cold start of those runs (max_failures=1)
+is that of a run without restarts (1.85 vs 1.79 s here; 2.41 s before, when the zygote's imports
+competed with the workers'). Persisting 10 MB: 3.5 ms from `report()` to the committed checkpoint
+against a 2.9 ms copytree; of the ~0.5 ms more, 0.21 ms is the hand-off (a socket message waking the
+driver), 0.14 ms the commit (the marker written into the staged directory, then one rename into
+place; the emptied staging directory goes after the report is handed on) and 0.05 ms the metrics
+flush, short of the 0.9x goal. On a local disk ASYNC saves nothing (it still copies to a local staging
+directory); against slow storage it removes the stall.
 """),
     "ray": Note("482707b", """
 One local Ray instance, 2 CPU workers, the same MLP as the core benchmark. Ray Train blocks about 2 s in

@@ -372,15 +372,67 @@ def test_standby_workers_are_fresh_processes_when_no_zygote_starts(tmp_path, mon
     assert all(w.proc.returncode is not None for w in workers)
 
 
+def test_first_group_of_a_run_that_may_restart_is_forked_by_the_pools_zygote(tmp_path):
+    """The zygote starts with the run and forks the first group's workers too, so it serves standby
+    workers from the first step on; the run's own zygote, not the driver, is their parent."""
+
+    def loop():
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            parent = f.read().replace(b"\0", b" ").decode()
+        train.report({"parent": os.getppid(), "parent_cmdline": parent})
+
+    result = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2),
+                                 run_config=_rc(tmp_path, max_failures=1)).fit()  # fmt: skip
+    assert result.error is None
+    assert result.metrics["parent"] != os.getpid()
+    assert "trainforge._internal.zygote" in result.metrics["parent_cmdline"]
+
+
+def test_zygote_of_a_run_that_fails_to_start_is_killed(tmp_path):
+    """The zygote starts with the executor; a run that fails before its controller runs (here a
+    callback's on_run_start) still ends it (the autouse check fails a test that leaves it behind)."""
+
+    class Broken(train.Callback):
+        def on_run_start(self, run_path, num_workers):
+            raise RuntimeError("broken callback")
+
+    rc = RunConfig(storage_path=str(tmp_path), name="rec", verbose=0, callbacks=[Broken()],
+                   failure_config=FailureConfig(max_failures=1))  # fmt: skip
+    with pytest.raises(RuntimeError, match="broken callback"):
+        DataParallelTrainer(lambda: None, scaling_config=ScalingConfig(num_workers=2), run_config=rc).fit()
+
+
+def test_workers_are_fresh_processes_when_the_pools_zygote_does_not_serve(tmp_path, monkeypatch):
+    import subprocess
+
+    from trainforge._internal.worker_group import local_pool
+
+    monkeypatch.setattr(local_pool.StandbyZygote, "wait_ready", lambda self, timeout: False)
+    pool = local_pool.LocalProcessPool(stack_dir=str(tmp_path))
+    try:
+        pool.start_zygote(())
+        zygote = pool._zygote
+        assert zygote is not None
+        workers = pool.acquire(2, ())
+        assert all(isinstance(w.proc, subprocess.Popen) for w in workers)
+        pool.wait_connected(workers)
+        for w in workers:
+            pool._discard(w)
+    finally:
+        pool.close()
+    assert zygote.proc.returncode is not None  # killed and reaped with the pool
+
+
 def test_no_standby_workers_without_restarts(tmp_path):
     def loop():
         import psutil
 
         siblings = psutil.Process(os.getppid()).children()
-        train.report({"processes": len(siblings)})
+        train.report({"processes": len(siblings), "parent": os.getppid()})
 
     result = DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=2), run_config=_rc(tmp_path)).fit()
-    assert result.metrics == {"processes": 2}  # just the two workers: max_failures=0 keeps no spares
+    # Just the two workers, children of the driver: max_failures=0 keeps no spares (and no zygote).
+    assert result.metrics == {"processes": 2, "parent": os.getpid()}
 
 
 def _report_resume_point_or_checkpoint() -> int | None:

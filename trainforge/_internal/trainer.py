@@ -319,37 +319,43 @@ class DataParallelTrainer:
         manager.load(storage.list_checkpoints())
         metrics_log = MetricsLog(storage)
         log_dir = storage.local_log_dir()
-        executor = make_executor(self.scaling_config, self._preload_modules, log_dir, rc.log_to_driver, storage)
-        hooks = ControllerHooks(
-            make_worker_group=executor.make_group,
-            make_specs=executor.make_specs,
-            make_payloads=self._make_payloads(storage, executor),
-            worker_init_fn=self.worker_init_fn,
-            preload=self._preload_modules,
-            callbacks=callbacks,
-            after_start=executor.after_start,
-        )
-        controller = Controller(
-            hooks,
-            self._backend,
-            self.backend_config,
-            storage,
-            manager,
-            FailurePolicy(rc.failure_config),
-            metrics_log,
-            initial_checkpoint=self.resume_from_checkpoint,
-            scaling_policy=ScalingPolicy(self.scaling_config, executor.available, executor.name),
-            hang_timeout_s=rc.failure_config.hang_timeout_s,
-            stop_event=stop,
-        )
-        hooks.on_failure = functools.partial(self._record_failures, storage, log_dir, controller)
-        self._save_state(storage, "running")
-        restorable = save_trainer(storage, self._constructor_state)
-        with run_starting(self, storage):
-            for cb in callbacks:
-                cb.on_run_start(storage.run_path, self.scaling_config.num_workers)
-        terminate = _TerminateSignal()
-        terminate.install()
+        may_restart = rc.failure_config.max_failures != 0 or self.scaling_config.elastic
+        executor = make_executor(self.scaling_config, self._preload_modules, log_dir, rc.log_to_driver, storage,
+                                 may_restart)  # fmt: skip
+        try:  # from here the executor may hold processes (a zygote): closed below, or here on an error
+            hooks = ControllerHooks(
+                make_worker_group=executor.make_group,
+                make_specs=executor.make_specs,
+                make_payloads=self._make_payloads(storage, executor),
+                worker_init_fn=self.worker_init_fn,
+                preload=self._preload_modules,
+                callbacks=callbacks,
+                after_start=executor.after_start,
+            )
+            controller = Controller(
+                hooks,
+                self._backend,
+                self.backend_config,
+                storage,
+                manager,
+                FailurePolicy(rc.failure_config),
+                metrics_log,
+                initial_checkpoint=self.resume_from_checkpoint,
+                scaling_policy=ScalingPolicy(self.scaling_config, executor.available, executor.name),
+                hang_timeout_s=rc.failure_config.hang_timeout_s,
+                stop_event=stop,
+            )
+            hooks.on_failure = functools.partial(self._record_failures, storage, log_dir, controller)
+            self._save_state(storage, "running")
+            restorable = save_trainer(storage, self._constructor_state)
+            with run_starting(self, storage):
+                for cb in callbacks:
+                    cb.on_run_start(storage.run_path, self.scaling_config.num_workers)
+            terminate = _TerminateSignal()
+            terminate.install()
+        except BaseException:
+            executor.close()
+            raise
         status = "interrupted"
         interrupted = False
         try:

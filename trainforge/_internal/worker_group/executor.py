@@ -37,6 +37,7 @@ def make_executor(
     log_dir: str | None,
     log_to_driver: bool,
     storage: Any,
+    may_restart: bool = False,
 ) -> Executor:
     """The executor for a run (connecting to Ray, or starting a local Ray instance, if it is "ray")."""
     if executor_kind(scaling) == "ray":
@@ -45,4 +46,4 @@ def make_executor(
         return RayExecutor(scaling, preload, log_dir, log_to_driver, storage)
     from trainforge._internal.worker_group.local import LocalExecutor
 
-    return LocalExecutor(scaling, preload, log_dir, log_to_driver)
+    return LocalExecutor(scaling, preload, log_dir, log_to_driver, may_restart)

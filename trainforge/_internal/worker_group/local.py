@@ -152,7 +152,8 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def __init__(self, scaling: ScalingConfig, preload: tuple[str, ...], log_dir: str | None, log_to_driver: bool):
+    def __init__(self, scaling: ScalingConfig, preload: tuple[str, ...], log_dir: str | None, log_to_driver: bool,
+                 may_restart: bool = False):  # fmt: skip
         from trainforge._internal.worker_group.env import spawn_env
 
         self.scaling = scaling
@@ -160,6 +161,10 @@ class LocalExecutor(Executor):
         self._log_dir = log_dir
         self._log_to_driver = log_to_driver
         self.pool = LocalProcessPool(spawn_env=spawn_env(scaling), stack_dir=log_dir)
+        if may_restart:
+            # Its zygote imports while the driver sets up, forks the first group's workers and, from
+            # the first step on, standby ones: a worker dying early finds them ready.
+            self.pool.start_zygote(preload)
 
     def make_group(self) -> WorkerGroup:
         return LocalWorkerGroup(log_dir=self._log_dir, log_to_driver=self._log_to_driver, pool=self.pool)

@@ -9,9 +9,12 @@ Standby workers: once a run that may restart (``max_failures != 0`` or elastic) 
 starts spare processes that have imported torch and ``torch._dynamo`` (what the first
 DistributedDataParallel needs) and trainforge ahead of time, so a restart or a resize skips the ~2.5 s
 of imports. They are forked from a zygote of the pool's own (standby_zygote.py), which imports once
-for all of them (a restart soon after the start waits for one import, not for several competing with
-the running workers); where it cannot serve they are fresh processes, and in a job of a warm train
-server they come from the server's zygote. They are killed when the run ends.
+for all of them; where it cannot serve they are fresh processes, and in a job of a warm train server
+they come from the server's zygote. They are killed when the run ends. The zygote starts with such a
+run (:meth:`LocalProcessPool.start_zygote`) and forks the first group's workers too: their imports
+are its own, done once while the driver sets up, and it serves standby workers from the first step
+on (a worker that died in the first seconds used to find the zygote still importing, competing
+with the running workers for the cores).
 
 Reaper: a group that stopped (killed) its workers hands the wait for their ends and the closing of
 their files to :meth:`LocalProcessPool.reap`, so the next group starts meanwhile; :meth:`close` waits
@@ -92,6 +95,13 @@ class WorkerProcess(WorkerHandle):
                 os.remove(self.stack_file)
         except OSError:
             pass
+
+
+def _warm_modules(preload: tuple[str, ...]) -> tuple[str, ...]:
+    """What a standby worker for ``preload`` workers imports ahead: with torch, ``torch._dynamo`` (the
+    first DistributedDataParallel imports it) and trainforge.torch."""
+    extra = ("torch._dynamo", "trainforge.torch") if "torch" in preload else ("trainforge",)
+    return tuple(dict.fromkeys(preload + extra))
 
 
 class LocalProcessPool:
@@ -236,6 +246,12 @@ class LocalProcessPool:
         they are ready sooner than fresh ones), then forked by the zygote, then fresh ones."""
         if self._warmer is not None:
             self._warmer.join(constants.worker_start_timeout_s())
+        z = self._zygote
+        if (z is not None and not self._zygote_unusable and set(preload) <= set(z.preload)
+                and not (self._warmer is not None and self._warmer.is_alive())
+                and not z.wait_ready(constants.worker_start_timeout_s())):  # fmt: skip
+            logger.warning("the zygote for this run's workers does not serve; starting them as fresh processes")
+            self._zygote_unusable = True
         taken: list[WorkerProcess] = []
         while self._standby and len(taken) < n:
             w = self._standby.pop(0)
@@ -261,20 +277,13 @@ class LocalProcessPool:
         """Have ``n`` standby processes wait: forked by the pool's zygote (started now if need be) as
         soon as it serves, from a thread; or else started at once. Call from a long-lived thread:
         Linux ties a (fresh) child's parent-death signal to the thread that spawned it."""
-        extra = ("torch._dynamo", "trainforge.torch") if "torch" in preload else ("trainforge",)
-        warm = tuple(dict.fromkeys(preload + extra))
+        warm = _warm_modules(preload)
         if self._closed or (self._warmer is not None and self._warmer.is_alive()):
             return  # the warmer fills the list
         self._standby = [w for w in self._standby if w.proc.poll() is None]
         if len(self._standby) >= n:
             return
-        if self._zygote is None and not self._zygote_unusable and not self._env().get(ENV_ZYGOTE):
-            try:
-                self._zygote = StandbyZygote(warm, self._env())
-                self._all_pids.append(self._zygote.pid)
-            except OSError as exc:
-                logger.warning("could not start a zygote for standby workers (%s); starting them fresh", exc)
-                self._zygote_unusable = True
+        self.start_zygote(preload)
         z = self._zygote
         if z is not None and not self._zygote_unusable and set(warm) <= set(z.preload):
             self._warmer = threading.Thread(target=self._fork_standbys, args=(z, n), name="trainforge-standby",
@@ -283,6 +292,20 @@ class LocalProcessPool:
             return
         while len(self._standby) < n and not self._closed:
             self._standby.append(self.spawn(warm))
+
+    def start_zygote(self, preload: tuple[str, ...]) -> None:
+        """Start the pool's zygote (importing what standby workers for ``preload`` workers have) unless
+        it runs, cannot, or the train server's zygote forks the workers. Started before the first group,
+        it forks that group's workers too (acquire() waits for it): the first group's imports are then
+        the zygote's, done once, and it serves standby workers from the first step on."""
+        if self._zygote is not None or self._zygote_unusable or self._closed or self._env().get(ENV_ZYGOTE):
+            return
+        try:
+            self._zygote = StandbyZygote(_warm_modules(preload), self._env())
+            self._all_pids.append(self._zygote.pid)
+        except OSError as exc:
+            logger.warning("could not start a zygote for this run's workers (%s); starting them fresh", exc)
+            self._zygote_unusable = True
 
     def _fork_standbys(self, z: StandbyZygote, n: int) -> None:
         """The warmer thread: once the zygote serves, fork standby workers until ``n`` wait."""

@@ -5,7 +5,8 @@ of CPU apiece. Started once a run trains, on a small machine they compete with t
 for the cores; a worker that dies in the first seconds found both standbys still importing, and
 the restart waited for the slower of them. One process that imports once and forks a standby per
 request does half that work for two workers (a third of it for three), and the forks share its
-memory until they write to it.
+memory until they write to it. The pool starts it with a run that may restart, before the first
+group, whose workers it forks too (so the imports are done once, not once more beside theirs).
 
 :class:`StandbyZygote` is that process: a :mod:`trainforge._internal.zygote` of the pool's own
 (not the train server's: a job of a warm server already forks every worker from the server's).

@@ -7,6 +7,7 @@ import contextlib
 import os
 import sys
 
+from trainforge._internal.zygote.mark import check_marking, mark_address
 from trainforge._internal.zygote.server import Zygote
 
 
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.learn and os.path.exists(args.learn):
         with open(args.learn) as f:
             modules += [line.strip() for line in f if line.strip()]
+    if check_marking(mark_address()) is not None:
+        modules = []  # it will not serve (serve() says why): do not make its starter wait for the imports
     for module in dict.fromkeys(modules):
         with contextlib.suppress(Exception):
             __import__(module)
