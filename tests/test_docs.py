@@ -34,6 +34,8 @@ from typing import Any
 
 import pytest
 
+from trainforge._testing.wait import wait_until
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 README = REPO / "README.md"
@@ -344,10 +346,10 @@ def test_page_code_runs(page: Path, tmp_path, monkeypatch):
     from trainforge._testing.procs import kill_procs, processes_with_env
 
     ports = () if OWN_NETWORK else FIXED_PORTS.get(str(page.relative_to(DOCS)), ())
-    deadline = time.monotonic() + PORT_WAIT_S
-    while (busy := [p for p in ports if not _port_free(p)]) and time.monotonic() < deadline:
-        time.sleep(1)
-    if busy:
+    try:
+        wait_until(lambda: all(_port_free(p) for p in ports), PORT_WAIT_S, "the page's default ports", interval=1)
+    except TimeoutError:
+        busy = [p for p in ports if not _port_free(p)]
         pytest.fail(f"{_rel(page)} uses the default ports {busy}, which something on this machine holds "
                     "(a trainforge server of yours? `trainforge server stop`); free them and rerun")  # fmt: skip
     clone = clone_checkout(tmp_path / "clone")
@@ -378,12 +380,11 @@ def test_page_code_runs(page: Path, tmp_path, monkeypatch):
         failure = exc
     finally:
         session.close()
-        left = processes_with_env(MARKER_ENV, marker)
-        deadline = time.monotonic() + 10
-        while left and time.monotonic() < deadline:  # a stopping server takes a moment
-            time.sleep(0.2)
-            left = processes_with_env(MARKER_ENV, marker)
-        killed = kill_procs(left)
+        try:  # a stopping server takes a moment
+            wait_until(lambda: not processes_with_env(MARKER_ENV, marker), 10, "the page's processes to end")
+        except TimeoutError:
+            pass  # killed, and reported, below
+        killed = kill_procs(processes_with_env(MARKER_ENV, marker))
     if failure is not None:
         if isinstance(failure, BlockFailed) or not isinstance(failure, Exception):  # Ctrl-C, a timeout
             raise failure

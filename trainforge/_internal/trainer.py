@@ -199,7 +199,7 @@ class DataParallelTrainer:
         submit_trainer = lookup(SUBMITTERS, "server")
         if submit_trainer is None:
             raise ImportError("trainer.submit() needs the train server's client: pip install 'trainforge[server]' "
-                              "(from a checkout on PYTHONPATH, import trainforge.server first)")  # fmt: skip
+                              "(from a checkout on PYTHONPATH: have `trainforge.server` imported first)")  # fmt: skip
         return submit_trainer(
             self, wait=wait, callback=callback, address=address, name=name, priority=priority, hold=hold,
             max_retries=max_retries, env=env, preemptible=preemptible,
