@@ -161,3 +161,36 @@ def test_the_gpu_benchmark_runs_end_to_end_on_the_cpu_as_a_smoke_test(tmp_path):
     assert all(v > 0 for v in summary["step_ms"].values()) and summary["step_ratio"] > 0
     assert summary["first_step_s"]["trainforge"] > 0 and summary["amp_speedup_bf16"] > 0
     assert "speed vs raw (raw/trainforge)" in out.stdout and data["config"]["steps"] == 3
+
+
+def test_a_checkout_without_installed_metadata_finds_the_platform_through_its_pyproject(monkeypatch):
+    """On the lent GPU machine trainforge runs from the checkout on PYTHONPATH, with no installed
+    metadata: ``trainer.submit()`` still finds the server's client, from the checkout's pyproject."""
+    import importlib.metadata
+
+    from trainforge._internal import extensions
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: ())
+    monkeypatch.setattr(extensions, "_registered", {})
+    extensions._checkout_entry_points.cache_clear()
+    try:
+        submit = extensions.lookup(extensions.SUBMITTERS, "server")
+        scheme = extensions.lookup(extensions.CHECKPOINT_SCHEMES, "models")
+        assert extensions.lookup(extensions.SUBMITTERS, "nope") is None
+    finally:
+        extensions._checkout_entry_points.cache_clear()
+    from trainforge.registry._entry import checkpoint_from_uri
+    from trainforge.server._entry import submit as server_submit
+
+    assert submit is server_submit and scheme is checkpoint_from_uri
+
+
+def test_an_installed_trainforge_reads_entry_points_from_its_metadata_alone():
+    from trainforge._internal import extensions
+
+    extensions._checkout_entry_points.cache_clear()
+    assert extensions._checkout_entry_points(extensions.SUBMITTERS) == ()
