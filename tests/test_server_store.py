@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from trainforge.server import _store as st
-from trainforge.server._state import JobState
+from trainforge.server._state import JobEvent, JobState
 
 
 @pytest.fixture
@@ -55,11 +55,23 @@ def test_every_change_is_one_event_with_a_monotonic_seq(store):
     assert store.last_seq == events[-1].seq
 
 
+def test_an_event_type_outside_job_event_is_refused_and_rolls_back(store):
+    job = _add(store)
+    before = store.events_after(0)
+    with pytest.raises(ValueError, match="'resize to 3 workers' is not a valid JobEvent"):
+        store.update_many([(job.id, JobEvent.RUNNING, None, {"state": JobState.RUNNING}),
+                           (job.id, "resize to 3 workers", None, {})])  # fmt: skip
+    assert store.get(job.id).state == JobState.QUEUED and store.events_after(0) == before
+    store.update(job.id, "running", None, state=JobState.RUNNING)  # a name is its member
+    assert store.events_after(0)[-1].type == "running"
+
+
 def test_a_failed_change_rolls_back_all_of_it(store):
     job = _add(store)
     before = store.events_after(0)
     with pytest.raises(ValueError, match="unknown field"):
-        store.update_many([(job.id, "a", None, {"state": JobState.RUNNING}), (job.id, "b", None, {"no_such_column": 1})])
+        store.update_many([(job.id, JobEvent.RUNNING, None, {"state": JobState.RUNNING}),
+                           (job.id, JobEvent.ENDED, None, {"no_such_column": 1})])
     assert store.get(job.id).state == JobState.QUEUED
     assert store.events_after(0) == before
 
@@ -111,7 +123,7 @@ def test_last_seq_follows_committed_events_only(store):
     assert [e.seq for e in store.events_after(seq)] == [store.last_seq]
     before = store.last_seq
     with pytest.raises(ValueError):  # rolled back: its event never existed
-        store.update_many([(job.id, "a", None, {}), (job.id, "b", None, {"no_such_column": 1})])
+        store.update_many([(job.id, JobEvent.RUNNING, None, {}), (job.id, JobEvent.ENDED, None, {"no_such_column": 1})])
     assert store.last_seq == before and store.events_after(before) == []
     reopened = st.JobStore(store.path)
     assert reopened.last_seq == before
@@ -232,3 +244,23 @@ def test_a_reader_that_fails_to_connect_frees_its_place_in_the_pool(tmp_path):
         assert conn is made[-1]
     pool.close()
     made[0].close()
+
+
+def test_the_pages_take_the_event_types_from_the_server_and_the_scripts_copy_none():
+    import pathlib
+    import re
+
+    from trainforge.server._state import states_json
+
+    assert states_json()["events"] == [e.value for e in JobEvent]
+    static = pathlib.Path(st.__file__).parent / "static"
+    for script in ("dashboard.js", "experiments.js", "page.js"):
+        text = (static / script).read_text()
+        for call in re.findall(r"jobEvents\(([^)]*)\)", text):  # names the script picks: each one the server's
+            for name in re.findall(r'"([^"]*)"', call):
+                assert name in states_json()["events"], f"{script}: jobEvents({name!r}) is no JobEvent"
+        rest = re.sub(r"jobEvents\([^)]*\)", "", text)
+        events = {e.value for e in JobEvent}
+        for listed in re.findall(r"\[([^\[\]]*)\]", rest):  # no list of event names of its own
+            names = set(re.findall(r'"([^"]*)"', listed)) & events
+            assert len(names) < 2, f"{script} lists job events itself: [{listed}]"

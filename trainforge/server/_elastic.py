@@ -17,6 +17,7 @@ from typing import Any
 
 from trainforge.server._job_files import JobFiles
 from trainforge.server._scheduler import JobRequest, free_resources
+from trainforge.server._state import JobEvent
 from trainforge.server._store import JobRow, JobStore
 from trainforge.server._tailer import Sized
 
@@ -95,7 +96,7 @@ class Elastic:
             request, _ = self.shapes[job_id]
             self.files.write_grant(job_id, request, target)
             self.shrinking[job_id] = target
-            self.store.update(job_id, "shrink", {"workers": target, "for_job": waiting.job_id})
+            self.store.update(job_id, JobEvent.SHRINK, {"workers": target, "for_job": waiting.job_id})
 
     def lendable(self) -> dict[int, dict[str, float]]:
         """What each running elastic job holds above its minimum (its lent workers)."""
@@ -131,7 +132,7 @@ class Elastic:
             self.shapes[job_id] = (request, workers)
             self.grants[job_id] = grant
             self.files.write_grant(job_id, request, workers)
-            self.store.update(job_id, "grow", {"workers": workers, "grant": grant}, workers=workers, grant=grant)
+            self.store.update(job_id, JobEvent.GROW, {"workers": workers, "grant": grant}, workers=workers, grant=grant)
 
     def has_news(self, job_id: int, sized: Sized) -> bool:
         """Whether :meth:`resized` has anything to look at (most passes of the tailer: no), without
@@ -175,5 +176,5 @@ class Elastic:
             for gpu in ordered[keep:]:
                 del self.gpu_owner[gpu]
             fields["gpu_ids"] = ordered[:keep]
-        self.store.update(job_id, "shrunk", {"workers": workers, "grant": grant}, **fields)
+        self.store.update(job_id, JobEvent.SHRUNK, {"workers": workers, "grant": grant}, **fields)
         return True

@@ -5,7 +5,7 @@ spec's ``experiment`` (:class:`~trainforge.server._schemas.TrialTagIn`, beside t
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
@@ -14,7 +14,8 @@ from trainforge.server._schemas import ConfigKey, ConfigValue, ParamIn
 
 ExperimentId = Annotated[int, Path(ge=0, le=2**62, description="the experiment's id")]
 TrialState = Literal["queued", "running", "completed", "pruned", "stopped", "errored"]
-TRIAL_STATES: tuple[str, ...] = ("queued", "running", "completed", "pruned", "stopped", "errored")
+TRIAL_STATES: tuple[str, ...] = get_args(TrialState)  # in the order the pages list them
+ACTIVE_TRIAL_STATES: tuple[str, ...] = ("queued", "running")  # a trial that may still report
 DecisionKind = Literal["pruned", "max_t", "exploit", "stopper", "budget", "interrupted", "error"]
 Evaluator = Literal["ped_anova", "fanova"]
 Name = Annotated[str, Field(max_length=200)]

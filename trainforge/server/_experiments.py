@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from trainforge._internal.metric_path import lookup
 from trainforge.server._experiment_schemas import DecisionIn, DecisionOut, ExperimentImportIn, ImportTrialIn
 from trainforge.server._importance import ImportanceCache, warm_up
-from trainforge.server._state import JobState
+from trainforge.server._state import JobEvent, JobState
 from trainforge.server._trial_stats import CurveCache, Stats, number
 
 if TYPE_CHECKING:
@@ -275,7 +275,7 @@ class Experiments:
                      stats.iterations, stats.last, stats.best, stats.best_at,
                      json.dumps(stats.metrics) if stats.metrics else None, rev, row["experiment_id"],
                      row["trial_id"]))  # fmt: skip
-                self.store.add_event(conn, job_id, "tune_decision", {"trial_id": row["trial_id"], **reason})
+                self.store.add_event(conn, job_id, JobEvent.TUNE_DECISION, {"trial_id": row["trial_id"], **reason})
                 return int(cur.lastrowid or 0)
 
             seq = self.store.write(work)

@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from trainforge.server import _experiment_views as views
 from trainforge.server._dashboard import ago, esc, page
-from trainforge.server._experiment_schemas import TRIAL_STATES, ExperimentOut, TrialOut
+from trainforge.server._experiment_schemas import ACTIVE_TRIAL_STATES, TRIAL_STATES, ExperimentOut, TrialOut
 from trainforge.server._experiments import ExperimentNotFound
 from trainforge.server._routes.access import Caller
 from trainforge.server._routes.experiments import ExperimentsDep
@@ -152,5 +152,6 @@ def experiment_page(ex: ExperimentsDep, caller: Caller, experiment_id: int) -> R
         "<th>When</th><th>Trial</th><th>Decision</th><th class=num>Iteration</th><th>Detail</th></tr></thead>"
         "<tbody id=decisions></tbody></table></section>"
     )
-    data = {"experiment": e.model_dump(), "params": params, "rev": listed.rev}
+    data = {"experiment": e.model_dump(), "params": params, "rev": listed.rev,
+            "trial_states": TRIAL_STATES, "active_trial_states": ACTIVE_TRIAL_STATES}  # the script's: no copy
     return page(f"Experiment {e.name}", body, kind="experiment", data=data, assets=ASSETS, caller=caller)

@@ -8,11 +8,8 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from trainforge.server._state import JobState
-from trainforge.server._store import JobRow
-
-# One change of a job in the store: (job id, event or None, its payload, the fields to set).
-Change = tuple[int, str | None, dict[str, Any] | None, dict[str, Any]]
+from trainforge.server._state import JobEvent, JobState
+from trainforge.server._store import Change, JobRow
 
 
 def run_ended(job: JobRow, outcome: dict[str, Any] | None, returncode: int | None, now: float) -> tuple[list[Change], bool]:
@@ -28,7 +25,7 @@ def run_ended(job: JobRow, outcome: dict[str, Any] | None, returncode: int | Non
         if job.run_path:
             spec["resume_run_path"] = job.run_path
         payload = {"exit_code": outcome.get("exit_code") if outcome else returncode, "resume": job.run_path}
-        return [(job.id, "preempted", payload, {"state": JobState.QUEUED, "spec": spec, "pid": None})], True
+        return [(job.id, JobEvent.PREEMPTED, payload, {"state": JobState.QUEUED, "spec": spec, "pid": None})], True
     if outcome is not None:
         status = outcome.get("status")
         state = {"succeeded": JobState.SUCCEEDED, "stopped": JobState.STOPPED}.get(str(status), JobState.FAILED)
@@ -40,10 +37,10 @@ def run_ended(job: JobRow, outcome: dict[str, Any] | None, returncode: int | Non
         payload = {"exit_code": outcome.get("exit_code"), "error": outcome.get("error")}
         fields = {"state": state, "exit_code": outcome.get("exit_code"), "error": outcome.get("error"),
                   "failure_class": failure, **common}  # fmt: skip
-        return [(job.id, "ended", payload, fields)], False
+        return [(job.id, JobEvent.ENDED, payload, fields)], False
     if job.state == JobState.STOPPING:
         fields = {"state": JobState.STOPPED, "exit_code": returncode, "failure_class": "stopped", **common}
-        return [(job.id, "ended", {"exit_code": returncode, "killed": True}, fields)], False
+        return [(job.id, JobEvent.ENDED, {"exit_code": returncode, "killed": True}, fields)], False
     how = f"exit code {returncode}" if returncode is not None and returncode >= 0 else (
         f"killed by {signal.Signals(-returncode).name}" if returncode is not None else "gone"
     )  # fmt: skip
@@ -53,11 +50,11 @@ def run_ended(job: JobRow, outcome: dict[str, Any] | None, returncode: int | Non
         if job.run_path:
             spec["resume_run_path"] = job.run_path
         return [
-            (job.id, "lost", {"error": error}, {"state": JobState.LOST, "error": error, "pid": None}),
-            (job.id, "requeued", {"attempt": job.attempt, "max_retries": job.max_retries},
+            (job.id, JobEvent.LOST, {"error": error}, {"state": JobState.LOST, "error": error, "pid": None}),
+            (job.id, JobEvent.REQUEUED, {"attempt": job.attempt, "max_retries": job.max_retries},
              {"state": JobState.QUEUED, "spec": spec}),
         ], True  # fmt: skip
     return [
-        (job.id, "lost", {"error": error}, {"state": JobState.LOST, "error": error}),
-        (job.id, "ended", {"error": error}, {"state": JobState.FAILED, "failure_class": "lost", "error": error, **common}),
+        (job.id, JobEvent.LOST, {"error": error}, {"state": JobState.LOST, "error": error}),
+        (job.id, JobEvent.ENDED, {"error": error}, {"state": JobState.FAILED, "failure_class": "lost", "error": error, **common}),
     ], False

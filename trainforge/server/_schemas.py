@@ -26,7 +26,7 @@ from trainforge._internal.http import json_safe
 from trainforge._internal.json_depth import shallow
 from trainforge.registry import NAME_PATTERN
 from trainforge.server._scheduler import Pending
-from trainforge.server._state import JobState
+from trainforge.server._state import JobEvent, JobState
 from trainforge.server._store import JobRow
 from trainforge.server._users import NAME_PATTERN as USER_NAME_PATTERN
 
@@ -203,7 +203,7 @@ class EventOut(BaseModel):
     seq: int
     job_id: int
     ts: float
-    type: str
+    type: str = Field(description="the event's type (the server-sent event's name): " + ", ".join(JobEvent))
     payload: dict[str, Any]
 
 

@@ -39,7 +39,7 @@ from trainforge.server._job_files import JobFiles
 from trainforge.server._outcome import run_ended
 from trainforge.server._processes import Processes, alive, find_job_processes, job_env
 from trainforge.server._scheduler import Decision, JobRequest, Pending, check_fits, decide, free_resources
-from trainforge.server._state import ACTIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobState
+from trainforge.server._state import ACTIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobEvent, JobState
 from trainforge.server._store import JobRow, JobStore
 from trainforge.server._tailer import EventsTailer, Sized
 from trainforge.server._team import TeamState
@@ -129,7 +129,7 @@ class JobService:
                     runner = self.processes.add(job.id, pid)
                     # A runner started just before the crash (no pid recorded yet) is running now.
                     state = {"state": JobState.RUNNING} if job.state == JobState.STARTING else {}
-                    self.store.update(job.id, "reattached", {"pid": pid}, pid=pid, **state)
+                    self.store.update(job.id, JobEvent.REATTACHED, {"pid": pid}, pid=pid, **state)
                     crash_point("reattach:recorded")
                     self.processes.follow(runner)
                     counts["reattached"] += 1
@@ -147,7 +147,7 @@ class JobService:
     def _fail_broken(self, job_id: int, missing: str) -> None:
         error = (f"the job's files are incomplete (missing {missing} in the server's state directory): it cannot "
                  "run; submit it again")  # fmt: skip
-        self.store.update(job_id, "ended", {"error": error}, state=JobState.FAILED, failure_class="infra", error=error,
+        self.store.update(job_id, JobEvent.ENDED, {"error": error}, state=JobState.FAILED, failure_class="infra", error=error,
                           ended_at=time.time(), pid=None)  # fmt: skip
 
     def start(self) -> None:
@@ -255,7 +255,7 @@ class JobService:
             if hold is not None and hold != (job.state == JobState.HELD):
                 fields["state"] = JobState.HELD if hold else JobState.QUEUED
             if fields:
-                event = "held" if hold and "state" in fields else "released" if "state" in fields else "priority"
+                event = JobEvent.HELD if hold and "state" in fields else JobEvent.RELEASED if "state" in fields else JobEvent.PRIORITY
                 self.store.update(job_id, event, {"priority": fields.get("priority", job.priority)}, **fields)
                 self._waiting.put(request_of(self.get(job_id)))
                 self._schedule()
@@ -285,7 +285,7 @@ class JobService:
                 spec["resume_checkpoint"] = checkpoint
             elif job.run_path:
                 spec["resume_run_path"] = job.run_path
-            self.store.update(job_id, "retry", None, state=JobState.QUEUED, ended_at=None, spec=spec)
+            self.store.update(job_id, JobEvent.RETRY, None, state=JobState.QUEUED, ended_at=None, spec=spec)
             self._requeue(job_id)
             self._schedule()
             return self.get(job_id)
@@ -315,7 +315,7 @@ class JobService:
             if job.state in WAITING_STATES:
                 self._waiting.discard(job_id)
                 self.store.update(
-                    job_id, "stopped", {"while": job.state}, state=JobState.STOPPED, ended_at=time.time(),
+                    job_id, JobEvent.STOPPED, {"while": job.state}, state=JobState.STOPPED, ended_at=time.time(),
                     failure_class="stopped",
                 )  # fmt: skip
                 self._schedule()
@@ -325,7 +325,7 @@ class JobService:
             runner = self.processes.runners.get(job_id)
             self.team.stopping(job_id)
             if job.state != JobState.STOPPING or job.preempting:  # stopped while preempted: it ends STOPPED
-                self.store.update(job_id, "stopping", {"grace_s": grace, "force": force}, state=JobState.STOPPING,
+                self.store.update(job_id, JobEvent.STOPPING, {"grace_s": grace, "force": force}, state=JobState.STOPPING,
                                   preempted_at=None if job.preempting else job.preempted_at)  # fmt: skip
                 crash_point("stop:stopping")
         if runner is None:  # STARTING without a runner yet cannot happen under the lock; be safe
@@ -405,7 +405,7 @@ class JobService:
             self.files.write_grant(job_id, request, workers)
         except OSError as exc:  # a full disk, a state directory changed under the server
             error = f"could not write the job's grant file: {exc}"
-            self.store.update(job_id, "ended", {"error": error}, state=JobState.FAILED, failure_class="infra",
+            self.store.update(job_id, JobEvent.ENDED, {"error": error}, state=JobState.FAILED, failure_class="infra",
                               error=error, ended_at=time.time())  # fmt: skip
             return
         self.elastic.track(job_id, request, workers)
@@ -418,7 +418,7 @@ class JobService:
         self.tailer.track(job_id, job.events_offset)
         # Persisted before the runner exists: a server killed right after this finds the job by its id.
         self.store.update(
-            job_id, "starting", {"workers": workers, "grant": grant, "gpu_ids": gpu_ids, "attempt": attempt},
+            job_id, JobEvent.STARTING, {"workers": workers, "grant": grant, "gpu_ids": gpu_ids, "attempt": attempt},
             state=JobState.STARTING, grant=grant, workers=workers, gpu_ids=gpu_ids, attempt=attempt,
             started_at=time.time(), ended_at=None, exit_code=None, error=None, failure_class=None, pid=None,
         )  # fmt: skip
@@ -431,7 +431,7 @@ class JobService:
         except OSError as exc:
             self._release(job_id)
             self.store.update(
-                job_id, "failed", {"error": str(exc)}, state=JobState.FAILED, failure_class="infra",
+                job_id, JobEvent.FAILED, {"error": str(exc)}, state=JobState.FAILED, failure_class="infra",
                 error=f"could not start the job's runner: {exc}", ended_at=time.time(),
             )  # fmt: skip
             return
@@ -441,7 +441,7 @@ class JobService:
             start_time = None
         crash_point("start:spawned")
         runner = self.processes.add(job_id, popen.pid, popen)
-        self.store.update(job_id, "running", {"pid": popen.pid}, state=JobState.RUNNING, pid=popen.pid,
+        self.store.update(job_id, JobEvent.RUNNING, {"pid": popen.pid}, state=JobState.RUNNING, pid=popen.pid,
                           pid_start_time=start_time)  # fmt: skip
         self.processes.follow(runner)
 

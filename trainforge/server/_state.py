@@ -1,6 +1,7 @@
-"""``JobState``: the states of a train-server job, defined once. The store keeps them, the API's
-schemas name them (the OpenAPI enum), the client reads them and the dashboard gets them from the
-server (:func:`states_json`, embedded in each page) instead of a copy of its own.
+"""``JobState``: the states of a train-server job, and ``JobEvent``: the types of its events, each
+defined once. The store keeps them, the API's schemas name them (the OpenAPI enum), the client reads
+them and the dashboard gets them from the server (:func:`states_json`, embedded in each page)
+instead of a copy of its own.
 
     QUEUED / HELD  ->  STARTING -> RUNNING -> (STOPPING)  ->  SUCCEEDED / FAILED / STOPPED
       (waiting)           (active: a runner holds a grant)        (terminal)
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import enum
 from typing import Any
+
+from trainforge._internal.job_events import EventType
 
 
 class JobState(str, enum.Enum):
@@ -51,6 +54,44 @@ class JobState(str, enum.Enum):
         return self in TERMINAL_STATES
 
 
+class JobEvent(str, enum.Enum):
+    """The type of a job's event in the server's store: what ``GET /events`` and
+    ``GET /jobs/{id}/events`` send as each server-sent event's name, and what the dashboard listens
+    for. ``RUN_START``, ``RESTART`` and ``RUN_END`` are the job events file's (:class:`EventType`),
+    copied into the store as the server reads the file; the others the server writes itself."""
+
+    SUBMITTED = "submitted"
+    HELD = "held"  # held in the queue (PATCH hold)
+    RELEASED = "released"  # a held job queued again
+    PRIORITY = "priority"  # its priority changed
+    STARTING = "starting"  # granted resources; its runner is starting
+    RUNNING = "running"
+    REATTACHED = "reattached"  # a restarted server found its runner alive
+    RUN_START = EventType.RUN_START.value
+    RESTART = EventType.RESTART.value
+    RUN_END = EventType.RUN_END.value
+    GROW = "grow"  # elastic: granted more workers
+    SHRINK = "shrink"  # elastic: asked to give workers back
+    SHRUNK = "shrunk"  # elastic: gave them back
+    PREEMPTING = "preempting"  # asked to stop for a higher-priority job
+    PREEMPTED = "preempted"  # stopped and requeued
+    STOPPING = "stopping"
+    STOPPED = "stopped"  # stopped while it waited
+    FAILED = "failed"  # its runner could not start
+    LOST = "lost"  # its runner vanished
+    REQUEUED = "requeued"  # queued again after its runner was lost
+    ENDED = "ended"
+    RETRY = "retry"  # an ended job queued again
+    TUNE_DECISION = "tune_decision"  # a Tune scheduler's decision about the trial the job runs
+    DELETED = "deleted"
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)
+
+
 WAITING_STATES = (JobState.QUEUED, JobState.HELD)
 ACTIVE_STATES = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)
 TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
@@ -58,8 +99,10 @@ ALL_STATES = tuple(JobState)
 
 
 def states_json() -> dict[str, Any]:
-    """The states as the dashboard's script takes them: every name in order and each grouping."""
+    """The states as the dashboard's script takes them: every name in order and each grouping, and
+    the event types (``events``: every name the event streams send)."""
     return {
+        "events": [e.value for e in JobEvent],
         "all": [s.value for s in ALL_STATES],
         "waiting": [s.value for s in WAITING_STATES],
         "active": [s.value for s in ACTIVE_STATES],

@@ -30,7 +30,7 @@ from typing import Any
 from trainforge._internal.job_events import EventType
 from trainforge.server._experiment_tables import EXPERIMENT_TABLES
 from trainforge.server._reader_pool import ReaderPool as _ReaderPool
-from trainforge.server._state import JobState
+from trainforge.server._state import JobEvent, JobState
 from trainforge.server._team_tables import TEAM_TABLES
 
 # Reader connections at most. Each row SQLite steps through releases and retakes the GIL, so readers
@@ -147,6 +147,9 @@ class Event:
     payload: dict[str, Any]
 
 
+# One change of a job (JobStore.update_many): (job id, event or None, its payload, the fields to set).
+Change = tuple[int, JobEvent | None, dict[str, Any] | None, dict[str, Any]]
+
 _JSON_COLUMNS = {"spec", "grant_json", "gpu_ids", "last_metrics"}
 _COLUMNS = {
     "name", "state", "priority", "started_at", "ended_at", "attempt", "max_retries", "grant_json", "workers",
@@ -247,10 +250,10 @@ class JobStore:
             if new_state is not None:
                 self._txn_counts.append(((row[0], str(new_state)), 1))
 
-    def _event(self, conn: sqlite3.Connection, job_id: int, type_: str, payload: dict[str, Any]) -> int:
+    def _event(self, conn: sqlite3.Connection, job_id: int, type_: JobEvent, payload: dict[str, Any]) -> int:
         cur = conn.execute(
             "INSERT INTO events(job_id, ts, type, payload) VALUES (?, ?, ?, ?)",
-            (job_id, time.time(), type_, json.dumps(payload)),
+            (job_id, time.time(), JobEvent(type_).value, json.dumps(payload)),
         )
         self._txn_seq = max(self._txn_seq, int(cur.lastrowid or 0))
         return self._txn_seq
@@ -289,7 +292,7 @@ class JobStore:
             )  # fmt: skip
             job_id = int(cur.lastrowid or 0)
             self._txn_counts.append(((owner, str(state)), 1))
-            self._event(conn, job_id, "submitted", {"state": state, "name": name, "priority": priority})
+            self._event(conn, job_id, JobEvent.SUBMITTED, {"state": state, "name": name, "priority": priority})
             if materialize is not None:
                 materialize(job_id)
             return job_id, True
@@ -299,12 +302,12 @@ class JobStore:
         assert job is not None
         return job, created
 
-    def update(self, job_id: int, event: str | None = None, payload: dict[str, Any] | None = None, **fields: Any) -> None:
+    def update(self, job_id: int, event: JobEvent | None = None, payload: dict[str, Any] | None = None, **fields: Any) -> None:
         """Set ``fields`` of the job and, with ``event``, append that event (``payload`` plus the new
         state, if it changed), in one transaction."""
         self.update_many([(job_id, event, payload, fields)])
 
-    def update_many(self, changes: Iterable[tuple[int, str | None, dict[str, Any] | None, dict[str, Any]]]) -> None:
+    def update_many(self, changes: Iterable[Change]) -> None:
         changes = list(changes)
 
         def work(conn: sqlite3.Connection) -> None:
@@ -314,7 +317,7 @@ class JobStore:
         self._transaction(work)
 
     def _apply(
-        self, conn: sqlite3.Connection, job_id: int, event: str | None, payload: dict[str, Any] | None, fields: dict
+        self, conn: sqlite3.Connection, job_id: int, event: JobEvent | None, payload: dict[str, Any] | None, fields: dict
     ) -> None:
         columns = dict(fields)
         if "grant" in columns:
@@ -338,7 +341,7 @@ class JobStore:
         def work(conn: sqlite3.Connection) -> None:
             self._count(conn, job_id, None)
             conn.execute("DELETE FROM jobs WHERE id=?", (job_id,))
-            self._event(conn, job_id, "deleted", {})
+            self._event(conn, job_id, JobEvent.DELETED, {})
 
         self._transaction(work)
 
@@ -347,7 +350,7 @@ class JobStore:
         """``work(conn)`` in one write transaction on the one writer connection; its result."""
         return self._transaction(work)
 
-    def add_event(self, conn: sqlite3.Connection, job_id: int, type_: str, payload: dict[str, Any]) -> int:
+    def add_event(self, conn: sqlite3.Connection, job_id: int, type_: JobEvent, payload: dict[str, Any]) -> int:
         """Inside :meth:`write`'s ``work``: append an event of the job (``/events`` sends it once committed)."""
         return self._event(conn, job_id, type_, payload)
 

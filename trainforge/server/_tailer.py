@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from trainforge._internal.job_events import EventType, read_events
-from trainforge.server._store import JobRow, JobStore
+from trainforge.server._state import JobEvent
+from trainforge.server._store import Change, JobRow, JobStore
 
 
 @dataclasses.dataclass
@@ -55,7 +56,7 @@ class EventsTailer:
             events, new_offset = read_events(self._events_path(job_id), offset)
             if new_offset == offset:
                 return sized  # no complete line yet
-            changes: list[tuple[int, str | None, dict[str, Any] | None, dict[str, Any]]] = []
+            changes: list[Change] = []
             fields: dict[str, Any] = {}
             reports = 0
             for event in events:
@@ -66,11 +67,11 @@ class EventsTailer:
                     sized.world, sized.news = len(event.get("all_metrics") or ()) or None, True
                 elif kind == EventType.RUN_START:
                     run_path = event.get("run_path")
-                    changes.append((job_id, EventType.RUN_START.value, {"run_path": run_path}, {"run_path": run_path}))
+                    changes.append((job_id, JobEvent.RUN_START, {"run_path": run_path}, {"run_path": run_path}))
                     sized.world, sized.news = None, True
                 elif kind in (EventType.RESTART, EventType.RUN_END):
                     payload = {k: v for k, v in event.items() if k not in ("type", "metrics")}
-                    changes.append((job_id, str(kind), payload, {}))
+                    changes.append((job_id, JobEvent(str(kind)), payload, {}))
                     if kind == EventType.RESTART:
                         workers = event.get("workers")  # set on an elastic resize (job_events)
                         if isinstance(workers, int):

@@ -27,7 +27,7 @@ from typing import Any
 from trainforge.server._accounting import Accounting
 from trainforge.server._scheduler import JobRequest, RunningJob, Team
 from trainforge.server._sharing import add
-from trainforge.server._state import JobState
+from trainforge.server._state import JobEvent, JobState
 from trainforge.server._store import JobRow, JobStore
 from trainforge.server._team_policy import TeamPolicy
 from trainforge.server._users import ADMIN, UserBook
@@ -222,7 +222,7 @@ class TeamState:
             a.stopping, a.preempted_at = True, now
             self.preempted_at[job_id] = now
             self.store.update(
-                job_id, "preempting", {"for_job": for_job, "priority": job.priority, "preemptions": job.preemptions + 1},
+                job_id, JobEvent.PREEMPTING, {"for_job": for_job, "priority": job.priority, "preemptions": job.preemptions + 1},
                 state=JobState.STOPPING, preempted_at=now, preemptions=job.preemptions + 1,
             )  # fmt: skip
             self.preemptions[job.owner] += 1

@@ -75,9 +75,18 @@ def list_experiments(ex: ExperimentsDep) -> ExperimentListOut:
     return ExperimentListOut(experiments=views.list_experiments(ex))
 
 
-@router.get("/experiments/{experiment_id}", response_model=ExperimentOut, responses=NOT_FOUND)
-def get_experiment(ex: ExperimentsDep, experiment_id: ExperimentId) -> ExperimentOut:
-    return _answer(lambda: views.get_experiment(ex, experiment_id))
+def _view_route(path: str, view: Callable[[Experiments, int], Any], response_model: Any, doc: str) -> None:
+    """``GET /experiments/{experiment_id}<path>``: ``view(experiments, experiment_id)``, 404 if unknown."""
+
+    def route(ex: ExperimentsDep, experiment_id: ExperimentId) -> Any:
+        return _answer(lambda: view(ex, experiment_id))
+
+    route.__doc__ = doc
+    router.add_api_route(f"/experiments/{{experiment_id}}{path}", route, methods=["GET"], name=view.__name__,
+                         response_model=response_model, responses=NOT_FOUND)  # fmt: skip
+
+
+_view_route("", views.get_experiment, ExperimentOut, "One experiment: searcher, scheduler, metric, trials by state, best.")
 
 
 @router.get("/experiments/{experiment_id}/trials", response_model=TrialListOut, responses=NOT_FOUND)
@@ -91,14 +100,9 @@ def trials(
     return _answer(lambda: views.trials(ex, experiment_id, states=list(state or []) or None, after_rev=after_rev))
 
 
-@router.get("/experiments/{experiment_id}/decisions", response_model=list[DecisionOut], responses=NOT_FOUND)
-def decisions(ex: ExperimentsDep, experiment_id: ExperimentId) -> list[DecisionOut]:
-    return _answer(lambda: views.decisions(ex, experiment_id))
-
-
-@router.get("/experiments/{experiment_id}/history", response_model=HistoryOut, responses=NOT_FOUND)
-def history(ex: ExperimentsDep, experiment_id: ExperimentId) -> HistoryOut:
-    return _answer(lambda: views.history(ex, experiment_id))
+_view_route("/decisions", views.decisions, list[DecisionOut],
+            "What the tuner decided on which trial, when, at which iteration.")
+_view_route("/history", views.history, HistoryOut, "The best value so far after each finished trial.")
 
 
 @router.get("/experiments/{experiment_id}/curves", response_model=CurvesOut, responses=NOT_FOUND)

@@ -1,16 +1,12 @@
 // trainforge dashboard: keeps the server-rendered pages live over the API's server-sent events.
 // No framework, no build step. uPlot (vendored) draws the charts.
-import { API, api, live, notice } from "./page.js";
+import { API, STATES, api, live, notice } from "./page.js";
 import { fmtBytes } from "./units.js";
 
 const main = document.getElementById("page");
 const kind = main.dataset.kind;
 const pageData = JSON.parse(main.dataset.page || "{}");
-const LIFECYCLE = ["submitted", "starting", "running", "reattached", "run_start", "restart", "stopping", "ended",
-  "lost", "requeued", "held", "released", "priority", "retry", "grow", "shrink", "shrunk", "stopped", "preempting",
-  "preempted"];
-// The job states, from the server (its JobState enum, in every page): no copy of their names here.
-const STATES = JSON.parse(main.dataset.states || "{}");
+// The job states and event types come from the server (page.js: its JobState and JobEvent enums).
 const TERMINAL = new Set(STATES.terminal || []);
 
 // A job's action buttons (rendered by the server; the same on every page).
@@ -90,7 +86,8 @@ function jobsPage() {
     }
   };
   const handlers = {};
-  for (const name of LIFECYCLE) handlers[name] = onEvent;
+  for (const name of STATES.events || []) handlers[name] = onEvent; // any change of any job
+  handlers.deleted = (data) => document.getElementById(`job-${data.job_id}`)?.remove();
   follow("/events", handlers);
   // Running jobs' last metrics and durations move without lifecycle events (the server marks their rows).
   setInterval(() => {

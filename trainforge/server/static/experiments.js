@@ -2,15 +2,16 @@
 // trial table, sortable and filterable; parameter importance; best so far; parallel coordinates whose
 // axes filter the table; one metric's curves of all trials; the scheduler's decisions), kept live
 // over the experiment's event stream. The server rendered the first screen; this takes it over.
-import { API, api, live, notice } from "./page.js";
+import { API, api, jobEvents, live, notice } from "./page.js";
 import { ParallelCoordinates, short } from "./parcoords.js";
 import { colorScale, drawBest, drawCurves, drawDecisions, drawImportance, KIND_COLORS } from "./expcharts.js";
 
 const main = document.getElementById("page");
 const kind = main.dataset.kind;
 const pageData = JSON.parse(main.dataset.page || "{}");
-const TRIAL_STATES = ["queued", "running", "completed", "pruned", "stopped", "errored"];
-const ACTIVE = new Set(["queued", "running"]);
+// The trial states, from the server (the experiment page's data): no copy of their names here.
+const TRIAL_STATES = pageData.trial_states || [];
+const ACTIVE = new Set(pageData.active_trial_states || []);
 
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 const fmt = (v) => (v === null || v === undefined ? "" : typeof v === "number" ? (Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(4)))) : String(v));
@@ -49,7 +50,7 @@ function listPage() {
   const source = new EventSource(`${API}/events`);
   source.onopen = () => live(true);
   source.onerror = () => live(false);
-  for (const name of ["submitted", "running", "ended", "stopped", "tune_decision"]) source.addEventListener(name, refresh);
+  for (const name of jobEvents("submitted", "running", "ended", "stopped", "tune_decision")) source.addEventListener(name, refresh);
   setInterval(() => { if (document.querySelector("#experiments tr[data-live]")) refresh(); }, 3000);
 }
 
@@ -256,7 +257,7 @@ function experimentPage() {
         if (e.live && !following) { jobs.close(); follow(rev); }
       } catch (_) { /* the server is away: the next event tries again */ }
     }, 100);
-    for (const name of ["submitted", "starting", "running"]) jobs.addEventListener(name, check);
+    for (const name of jobEvents("submitted", "starting", "running")) jobs.addEventListener(name, check);
   }
   setInterval(() => { if (following) loadCurves(); }, 3000); // running trials' curves grow
 

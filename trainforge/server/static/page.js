@@ -3,6 +3,18 @@
 
 export const API = "/api/v1";
 
+// The job states and event types, from the server (its JobState and JobEvent enums, in every page's
+// data-states): no copy of their names in the scripts.
+export const STATES = JSON.parse(document.getElementById("page")?.dataset.states || "{}");
+const EVENT_NAMES = new Set(STATES.events || []);
+
+// `names`, each one of the server's job event types: a name the server does not send is a mistake
+// here, reported on the console instead of a listener that never fires.
+export function jobEvents(...names) {
+  for (const name of names) if (!EVENT_NAMES.has(name)) console.error(`trainforge: no job event is named ${name}`);
+  return names;
+}
+
 // `method` on `API + path`; the answer's JSON, or an Error with the server's detail.
 export async function api(method, path, body) {
   const init = { method, credentials: "same-origin", headers: {} };
