@@ -235,6 +235,65 @@ def test_stage_copies_so_source_can_be_deleted(storage, tmp_path):
     assert (Path(ckpt.path) / "model.pt").read_text() == "weights"
 
 
+def test_staging_copies_every_kind_of_file_byte_for_byte(storage, tmp_path):
+    """Staged by copy_file_range where it works; an empty file, a nested one and a large one arrive whole."""
+    src = tmp_path / "user_dir"
+    (src / "sub" / "deeper").mkdir(parents=True)
+    big = os.urandom(3 * 2**20 + 7)
+    (src / "big.bin").write_bytes(big)
+    (src / "empty").write_bytes(b"")
+    (src / "sub" / "deeper" / "x.json").write_text("{}")
+    storage.stage_checkpoint(str(src), 0, 0, 0)
+    ckpt = Path(storage.commit_checkpoint(0, 0, [0], 0, {}).path)
+    assert (ckpt / "big.bin").read_bytes() == big and (ckpt / "empty").read_bytes() == b""
+    assert (ckpt / "sub" / "deeper" / "x.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize("how", ["exdev", "zero"])
+def test_staging_falls_back_to_a_plain_copy_where_copy_file_range_cannot(storage, tmp_path, monkeypatch, how):
+    """Another filesystem on an old kernel (EXDEV) or a file that copies nothing (a special file whose
+    size is not its content): the file is copied by shutil.copyfile instead, whole."""
+    import errno
+
+    from trainforge._internal import storage as storage_mod
+
+    def refuse(*args, **kwargs):
+        if how == "exdev":
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return 0
+
+    monkeypatch.setattr(storage_mod.os, "copy_file_range", refuse, raising=False)
+    data = os.urandom(100_000)
+    src = tmp_path / "user_dir"
+    src.mkdir()
+    (src / "model.pt").write_bytes(data)
+    storage.stage_checkpoint(str(src), 0, 0, 0)
+    assert (Path(storage.commit_checkpoint(0, 0, [0], 0, {}).path) / "model.pt").read_bytes() == data
+
+
+def test_a_staging_copy_that_fails_midway_is_an_error_not_a_short_file(storage, tmp_path, monkeypatch):
+    import errno
+
+    from trainforge._internal import storage as storage_mod
+
+    real = os.copy_file_range
+    calls = []
+
+    def full_disk(src, dst, count, *args):
+        calls.append(count)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(src, dst, min(count, 1000), *args)
+
+    monkeypatch.setattr(storage_mod.os, "copy_file_range", full_disk)
+    monkeypatch.setattr(storage_mod, "retry_call", lambda op, url, fn: fn(), raising=False)
+    src = tmp_path / "user_dir"
+    src.mkdir()
+    (src / "model.pt").write_bytes(os.urandom(10_000))
+    with pytest.raises(OSError, match="No space left"):
+        storage.stage_checkpoint(str(src), 0, 0, 0)
+
+
 def test_list_checkpoints_only_committed_in_index_order(storage, tmp_path):
     for seq in (2, 0, 1):
         stage(storage, tmp_path, 0, seq, 0, {"f": str(seq)})

