@@ -194,23 +194,22 @@ reaches the first step sooner because its workers start and import torch while t
 about half of either figure is torch's own first-DDP-construction cost. Ray Train blocks about 2 s in
 each `report()` (its first step includes starting Ray), so it is timed over 10 steps.
 """),
-    "recovery": Note("fb854d3-dirty", """
+    "recovery": Note("bea7b7d", """
 Recovery is the time from a worker's death to rank 0's first training step in the restarted group,
 against the cold start of raw DDP (spawn → first step). Recovery phases (medians, seconds after the
 death, `os._exit` row): detected 0.008; the failed workers are SIGKILLed at once and the old group is
-stopped by 0.01 (reaped in the background by 0.02). A run that may restart starts one zygote of its own
+stopped by 0.017 (reaped in the background by 0.02). A run that may restart starts one zygote of its own
 with the driver; it imports torch and `torch._dynamo` once, forks the first group's workers and, from
-the first step on, the standby workers, so a worker dying in the first seconds finds two waiting
-(before, the zygote started with training and was still importing beside the running workers: it
-served 0.72 s after the death). The standby workers are connected at 0.01, the process group is ready
-at 0.03 and the first step done at 0.06 in every row. The cold start of those runs (max_failures=1)
-is that of a run without restarts (1.85 vs 1.79 s here; 2.41 s before, when the zygote's imports
-competed with the workers'). Persisting 10 MB: 3.5 ms from `report()` to the committed checkpoint
-against a 2.9 ms copytree; of the ~0.5 ms more, 0.21 ms is the hand-off (a socket message waking the
-driver), 0.14 ms the commit (the marker written into the staged directory, then one rename into
-place; the emptied staging directory goes after the report is handed on) and 0.05 ms the metrics
-flush, short of the 0.9x goal. On a local disk ASYNC saves nothing (it still copies to a local staging
-directory); against slow storage it removes the stall.
+the first step on, the standby workers, so a worker dying in the first seconds finds two waiting. The
+standby workers are connected at 0.02, the process group is ready at 0.03 and the first step done at
+0.07 in every row. This run's raw cold start (2.53 s) was slower than usual on a busy machine (1.82 s
+in the previous run); trainforge's 2.01 s and 1.95 s were measured beside it. Persisting 10 MB: 3.7 ms
+from `report()` to the committed checkpoint against a 3.2 ms copytree (`report()` itself returns at
+0.98x copytree: staging copies each file with one `copy_file_range` call); of the ~0.5 ms more, 0.20 ms
+is the hand-off (a socket message waking the driver), 0.18 ms the commit (the marker written into the
+staged directory, then one rename into place) and 0.04 ms the metrics flush, short of the 0.9x goal.
+On a local disk ASYNC saves nothing (it still copies to a local staging directory); against slow
+storage it removes the stall.
 """),
     "ray": Note("482707b", """
 One local Ray instance, 2 CPU workers, the same MLP as the core benchmark. Ray Train blocks about 2 s in

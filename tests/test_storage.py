@@ -255,14 +255,14 @@ def test_staging_falls_back_to_a_plain_copy_where_copy_file_range_cannot(storage
     size is not its content): the file is copied by shutil.copyfile instead, whole."""
     import errno
 
-    from trainforge._internal import storage as storage_mod
+    from trainforge._internal import local_files
 
     def refuse(*args, **kwargs):
         if how == "exdev":
             raise OSError(errno.EXDEV, "Invalid cross-device link")
         return 0
 
-    monkeypatch.setattr(storage_mod.os, "copy_file_range", refuse, raising=False)
+    monkeypatch.setattr(local_files.os, "copy_file_range", refuse, raising=False)
     data = os.urandom(100_000)
     src = tmp_path / "user_dir"
     src.mkdir()
@@ -274,6 +274,7 @@ def test_staging_falls_back_to_a_plain_copy_where_copy_file_range_cannot(storage
 def test_a_staging_copy_that_fails_midway_is_an_error_not_a_short_file(storage, tmp_path, monkeypatch):
     import errno
 
+    from trainforge._internal import local_files
     from trainforge._internal import storage as storage_mod
 
     real = os.copy_file_range
@@ -285,7 +286,7 @@ def test_a_staging_copy_that_fails_midway_is_an_error_not_a_short_file(storage, 
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(src, dst, min(count, 1000), *args)
 
-    monkeypatch.setattr(storage_mod.os, "copy_file_range", full_disk)
+    monkeypatch.setattr(local_files.os, "copy_file_range", full_disk)
     monkeypatch.setattr(storage_mod, "retry_call", lambda op, url, fn: fn(), raising=False)
     src = tmp_path / "user_dir"
     src.mkdir()
