@@ -320,6 +320,16 @@ def test_elastic_gives_up_when_minimum_never_fits(tmp_path, monkeypatch):
         ).fit()
 
 
+def _two_spawned_workers(pool):
+    """Two workers acquired from ``pool`` with no zygote to fork them: spawned processes, connected, then discarded."""
+    workers = pool.acquire(2, ())
+    assert all(isinstance(w.proc, subprocess.Popen) for w in workers)
+    pool.wait_connected(workers)
+    for w in workers:
+        pool._discard(w)
+    return workers
+
+
 @pytest.mark.slow
 def test_restart_uses_prestarted_standby_workers(tmp_path):
     """A run that may restart keeps standby workers with torch and torch._dynamo already imported,
@@ -350,8 +360,6 @@ def test_restart_uses_prestarted_standby_workers(tmp_path):
 
 
 def test_standby_workers_are_fresh_processes_when_no_zygote_starts(tmp_path, monkeypatch):
-    import subprocess
-
     from trainforge._internal.worker_group import local_pool
 
     def no_zygote(*args, **kwargs):
@@ -362,11 +370,7 @@ def test_standby_workers_are_fresh_processes_when_no_zygote_starts(tmp_path, mon
     try:
         pool.prewarm(2, ())
         assert pool.standby_count == 2
-        workers = pool.acquire(2, ())
-        assert all(isinstance(w.proc, subprocess.Popen) for w in workers)
-        pool.wait_connected(workers)
-        for w in workers:
-            pool._discard(w)
+        workers = _two_spawned_workers(pool)
     finally:
         pool.close()
     assert all(w.proc.returncode is not None for w in workers)
@@ -403,8 +407,6 @@ def test_zygote_of_a_run_that_fails_to_start_is_killed(tmp_path):
 
 
 def test_workers_are_fresh_processes_when_the_pools_zygote_does_not_serve(tmp_path, monkeypatch):
-    import subprocess
-
     from trainforge._internal.worker_group import local_pool
 
     monkeypatch.setattr(local_pool.StandbyZygote, "wait_ready", lambda self, timeout: False)
@@ -413,11 +415,7 @@ def test_workers_are_fresh_processes_when_the_pools_zygote_does_not_serve(tmp_pa
         pool.start_zygote(())
         zygote = pool._zygote
         assert zygote is not None
-        workers = pool.acquire(2, ())
-        assert all(isinstance(w.proc, subprocess.Popen) for w in workers)
-        pool.wait_connected(workers)
-        for w in workers:
-            pool._discard(w)
+        _two_spawned_workers(pool)
     finally:
         pool.close()
     assert zygote.proc.returncode is not None  # killed and reaped with the pool
