@@ -224,6 +224,15 @@ def test_an_imported_experiment_is_a_snapshot_replaced_by_a_new_import(api):
     assert [d["trial_id"] for d in api.get(f"{P}/experiments/{e['id']}/decisions").json()] == ["a"]
 
 
+def test_an_import_naming_a_trial_twice_is_422_naming_it(api):
+    """Found by the schema fuzzer: two trials with one id were a 500 (the table's unique key)."""
+    body = _imported()
+    body["trials"].append(dict(body["trials"][2]))
+    r = api.post(f"{P}/experiments/import", json=body)
+    assert r.status_code == 422 and "trial_id 'c' is given twice" in r.text
+    assert api.get(f"{P}/experiments").json()["experiments"] == []  # nothing imported
+
+
 def test_importing_over_an_experiment_whose_trials_ran_here_is_409(api):
     _trial(api, "a", {"x": 0.1}, [1.0])
     r = api.post(f"{P}/experiments/import", json=_imported(path=TAG["path"]))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, get_args
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trainforge.server._schemas import ConfigKey, ConfigValue, ParamIn
 
@@ -185,3 +185,13 @@ class ExperimentImportIn(BaseModel):
     space: dict[ConfigKey, ParamIn] = Field(default_factory=dict, max_length=500)
     saved_at: Number | None = None
     trials: list[ImportTrialIn] = Field(default_factory=list, max_length=100_000)
+
+    @field_validator("trials")
+    @classmethod
+    def _one_trial_per_id(cls, trials: list[ImportTrialIn]) -> list[ImportTrialIn]:
+        seen: set[str] = set()
+        for trial in trials:
+            if trial.trial_id in seen:
+                raise ValueError(f"trial_id {trial.trial_id!r} is given twice: each trial once, by its own id")
+            seen.add(trial.trial_id)
+        return trials
