@@ -27,7 +27,6 @@ which attempt and run each report belongs to, so a series never joins the steps 
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import threading
@@ -39,24 +38,19 @@ from trainforge._internal import constants
 from trainforge._internal.callback import Callback
 from trainforge._internal.state_files import open_append
 from trainforge._internal.storage import dumps
+from trainforge._internal.str_enum import StrEnum
 
 if TYPE_CHECKING:
     from trainforge._internal.result import Result, TrainingReport
 
 
-class EventType(str, enum.Enum):
+class EventType(StrEnum):
     """The ``type`` of each line of a job events file; a ``str`` (``EventType.REPORT == "report"``)."""
 
     RUN_START = "run_start"
     REPORT = "report"
     RESTART = "restart"
     RUN_END = "run_end"
-
-    def __str__(self) -> str:  # "report", not "EventType.REPORT" (as enum.StrEnum, which 3.10 lacks)
-        return str.__str__(self)
-
-    def __format__(self, format_spec: str) -> str:
-        return str.__format__(self, format_spec)
 
 
 def job_events_callback() -> JobEventsCallback | None:

@@ -11,13 +11,13 @@ instead of a copy of its own.
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 from trainforge._internal.job_events import EventType
+from trainforge._internal.str_enum import StrEnum
 
 
-class JobState(str, enum.Enum):
+class JobState(StrEnum):
     """A job's state: QUEUED or HELD while it waits; STARTING, RUNNING, STOPPING while it holds
     resources; SUCCEEDED, FAILED or STOPPED once it has ended; LOST for a moment when its runner
     vanished (it is then requeued, or fails). In Python a ``str`` (``JobState.RUNNING == "RUNNING"``)."""
@@ -31,12 +31,6 @@ class JobState(str, enum.Enum):
     FAILED = "FAILED"
     STOPPED = "STOPPED"
     LOST = "LOST"
-
-    def __str__(self) -> str:  # "RUNNING", not "JobState.RUNNING" (as enum.StrEnum, which 3.10 lacks)
-        return str.__str__(self)
-
-    def __format__(self, format_spec: str) -> str:
-        return str.__format__(self, format_spec)
 
     @property
     def waiting(self) -> bool:
@@ -54,7 +48,7 @@ class JobState(str, enum.Enum):
         return self in TERMINAL_STATES
 
 
-class JobEvent(str, enum.Enum):
+class JobEvent(StrEnum):
     """The type of a job's event in the server's store: what ``GET /events`` and
     ``GET /jobs/{id}/events`` send as each server-sent event's name, and what the dashboard listens
     for. ``RUN_START``, ``RESTART`` and ``RUN_END`` are the job events file's (:class:`EventType`),
@@ -84,12 +78,6 @@ class JobEvent(str, enum.Enum):
     RETRY = "retry"  # an ended job queued again
     TUNE_DECISION = "tune_decision"  # a Tune scheduler's decision about the trial the job runs
     DELETED = "deleted"
-
-    def __str__(self) -> str:
-        return str.__str__(self)
-
-    def __format__(self, format_spec: str) -> str:
-        return str.__format__(self, format_spec)
 
 
 WAITING_STATES = (JobState.QUEUED, JobState.HELD)

@@ -246,9 +246,8 @@ class LocalProcessPool:
         they are ready sooner than fresh ones), then forked by the zygote, then fresh ones."""
         if self._warmer is not None:
             self._warmer.join(constants.worker_start_timeout_s())
-        z = self._zygote
-        if (z is not None and not self._zygote_unusable and set(preload) <= set(z.preload)
-                and not (self._warmer is not None and self._warmer.is_alive())
+        z = self._usable_zygote(preload)
+        if (z is not None and not (self._warmer is not None and self._warmer.is_alive())
                 and not z.wait_ready(constants.worker_start_timeout_s())):  # fmt: skip
             logger.warning("the zygote for this run's workers does not serve; starting them as fresh processes")
             self._zygote_unusable = True
@@ -263,9 +262,14 @@ class LocalProcessPool:
             taken.append(self._fork_or_spawn(preload))
         return taken
 
-    def _fork_or_spawn(self, preload: tuple[str, ...]) -> WorkerProcess:
+    def _usable_zygote(self, preload: tuple[str, ...]) -> StandbyZygote | None:
+        """The pool's zygote, if it runs, has not failed, and imports what ``preload`` workers need."""
         z = self._zygote
-        if z is not None and not self._zygote_unusable and set(preload) <= set(z.preload) and z.serving:
+        return z if z is not None and not self._zygote_unusable and set(preload) <= set(z.preload) else None
+
+    def _fork_or_spawn(self, preload: tuple[str, ...]) -> WorkerProcess:
+        z = self._usable_zygote(preload)
+        if z is not None and z.serving:
             try:
                 return self.spawn(z.preload, z.path)
             except zygote.ZygoteUnavailable as exc:
@@ -284,8 +288,8 @@ class LocalProcessPool:
         if len(self._standby) >= n:
             return
         self.start_zygote(preload)
-        z = self._zygote
-        if z is not None and not self._zygote_unusable and set(warm) <= set(z.preload):
+        z = self._usable_zygote(warm)
+        if z is not None:
             self._warmer = threading.Thread(target=self._fork_standbys, args=(z, n), name="trainforge-standby",
                                             daemon=True)  # fmt: skip
             self._warmer.start()

@@ -1,6 +1,6 @@
 // trainforge dashboard: keeps the server-rendered pages live over the API's server-sent events.
 // No framework, no build step. uPlot (vendored) draws the charts.
-import { API, STATES, api, live, notice } from "./page.js";
+import { STATES, api, follow, notice } from "./page.js";
 import { fmtBytes } from "./units.js";
 
 const main = document.getElementById("page");
@@ -39,17 +39,6 @@ document.addEventListener("click", (ev) => {
   const button = ev.target.closest("button.act");
   if (button) act(button);
 });
-
-// An EventSource that reconnects by itself (the browser resends Last-Event-ID) and shows the live dot.
-function follow(path, handlers) {
-  const source = new EventSource(API + path);
-  source.onopen = () => live(true);
-  source.onerror = () => live(false);
-  for (const [name, fn] of Object.entries(handlers)) {
-    source.addEventListener(name, (ev) => fn(JSON.parse(ev.data), ev));
-  }
-  return source;
-}
 
 // -- jobs page ----------------------------------------------------------------------------------------
 async function refreshRow(id) {

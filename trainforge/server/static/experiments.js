@@ -2,7 +2,7 @@
 // trial table, sortable and filterable; parameter importance; best so far; parallel coordinates whose
 // axes filter the table; one metric's curves of all trials; the scheduler's decisions), kept live
 // over the experiment's event stream. The server rendered the first screen; this takes it over.
-import { API, api, jobEvents, live, notice } from "./page.js";
+import { api, follow, jobEvents, notice } from "./page.js";
 import { ParallelCoordinates, short } from "./parcoords.js";
 import { colorScale, drawBest, drawCurves, drawDecisions, drawImportance, KIND_COLORS } from "./expcharts.js";
 
@@ -47,10 +47,8 @@ function listPage() {
     const r = await fetch("/experiments/rows", { credentials: "same-origin" });
     if (r.ok) document.getElementById("experiments").innerHTML = await r.text();
   }, 500);
-  const source = new EventSource(`${API}/events`);
-  source.onopen = () => live(true);
-  source.onerror = () => live(false);
-  for (const name of jobEvents("submitted", "running", "ended", "stopped", "tune_decision")) source.addEventListener(name, refresh);
+  const names = jobEvents("submitted", "running", "ended", "stopped", "tune_decision");
+  follow("/events", Object.fromEntries(names.map((name) => [name, refresh])));
   setInterval(() => { if (document.querySelector("#experiments tr[data-live]")) refresh(); }, 3000);
 }
 
@@ -229,35 +227,31 @@ function experimentPage() {
   }
 
   let following = null;
-  function follow(after) {
-    const source = new EventSource(`${API}/experiments/${exp.id}/stream?after=${after}`);
-    following = source;
-    source.onopen = () => live(true);
-    source.onerror = () => live(false);
-    source.addEventListener("trial", (ev) => onTrial(JSON.parse(ev.data)));
-    source.addEventListener("decision", (ev) => { decisions.push(JSON.parse(ev.data)); renderDecisions(); });
-    source.addEventListener("experiment", (ev) => { exp = JSON.parse(ev.data); renderSummary(); });
-    source.addEventListener("idle", (ev) => { // no trial is queued or runs: wait for a job to be submitted
-      source.close();
-      following = null;
-      exp = JSON.parse(ev.data);
-      renderSummary();
-      ended();
-      if (exp.source === "server") waitForJobs(Number(ev.lastEventId));
+  function followExperiment(after) {
+    const source = follow(`/experiments/${exp.id}/stream?after=${after}`, {
+      trial: (t) => onTrial(t),
+      decision: (d) => { decisions.push(d); renderDecisions(); },
+      experiment: (e) => { exp = e; renderSummary(); },
+      idle: (e, ev) => { // no trial is queued or runs: wait for a job to be submitted
+        source.close();
+        following = null;
+        exp = e;
+        renderSummary();
+        ended();
+        if (exp.source === "server") waitForJobs(Number(ev.lastEventId));
+      },
     });
+    following = source;
   }
   // While no trial runs, the server's lifecycle events: a job submitted or started may be a new trial.
   function waitForJobs(rev) {
-    const jobs = new EventSource(`${API}/events`);
-    jobs.onopen = () => live(true);
-    jobs.onerror = () => live(false);
     const check = debounce(async () => {
       try {
         const e = await api("GET", `/experiments/${exp.id}`);
-        if (e.live && !following) { jobs.close(); follow(rev); }
+        if (e.live && !following) { jobs.close(); followExperiment(rev); }
       } catch (_) { /* the server is away: the next event tries again */ }
     }, 100);
-    for (const name of jobEvents("submitted", "starting", "running")) jobs.addEventListener(name, check);
+    const jobs = follow("/events", Object.fromEntries(jobEvents("submitted", "starting", "running").map((n) => [n, check])));
   }
   setInterval(() => { if (following) loadCurves(); }, 3000); // running trials' curves grow
 
@@ -287,7 +281,7 @@ function experimentPage() {
     drawParcoords();
     decisions.push(...await api("GET", `/experiments/${exp.id}/decisions`));
     renderDecisions();
-    follow(listed.rev);
+    followExperiment(listed.rev);
     await Promise.all([loadImportance(), loadHistory(), loadCurves()]);
     main.dataset.ready = "1";
   })().catch((err) => notice(`experiment ${exp.id}: ${err.message}`, true));

@@ -1,5 +1,5 @@
 // What every dashboard page's script shares: the API's address and its JSON calls, the notice box,
-// and the live dot of the page's event stream. Loaded as a module by dashboard.js and experiments.js.
+// the pages' event streams and their live dot. Loaded as a module by dashboard.js and experiments.js.
 
 export const API = "/api/v1";
 
@@ -44,6 +44,18 @@ export function notice(text, bad) {
   box.className = bad ? "notice bad" : "notice";
   clearTimeout(notice.timer);
   notice.timer = setTimeout(() => { box.className = "notice gone"; }, 6000);
+}
+
+// An EventSource on `API + path` that reconnects by itself (the browser resends Last-Event-ID) and
+// shows the live dot; `handlers`: {event name: fn(parsed data, the event)}.
+export function follow(path, handlers) {
+  const source = new EventSource(API + path);
+  source.onopen = () => live(true);
+  source.onerror = () => live(false);
+  for (const [name, fn] of Object.entries(handlers)) {
+    source.addEventListener(name, (ev) => fn(JSON.parse(ev.data), ev));
+  }
+  return source;
 }
 
 // The live dot: on while the page's event stream is connected.
