@@ -114,6 +114,45 @@ def test_a_fit_on_a_terminal_draws_the_panel_and_plain_mode_prints_lines(tmp_pat
     assert "[report 3] step=3" in plain and "trainforge live" not in plain
 
 
+class _JobWithLateReports:
+    """A followed job whose reports reach the client only after its output stream has ended (the
+    two are separate streams of the server): the panel's end must still count all of them."""
+
+    def __init__(self, n: int):
+        import threading
+
+        self.id, self.n, self.asked = 7, n, threading.Event()
+        self.submitted, self.output_ended = None, False
+
+    def status(self):
+        from trainforge.server._client import JobStatus
+
+        if self.output_ended:  # follow() asks once the output has ended; the reports are still coming
+            self.asked.set()
+        return JobStatus.from_json({"id": 7, "name": "late", "state": "SUCCEEDED", "run_path": "/r/late",
+                                    "priority": 0, "request": {"workers": 2}})  # fmt: skip
+
+    def logs(self, follow=False):
+        yield "hello from the runner\n"
+        self.output_ended = True
+
+    def reports(self):
+        assert self.asked.wait(30)
+        for step in range(self.n):
+            yield _report(step, [{"step": step}, {"step": step}])
+
+
+def test_a_followed_jobs_last_panel_waits_for_reports_still_on_their_way():
+    from trainforge.server._job_view import follow
+
+    out = FakeTerminal()
+    status = follow(_JobWithLateReports(40), out)
+    assert status is not None and status.state == "SUCCEEDED"
+    text = _plain(out.getvalue())
+    final = text[text.rindex("trainforge job 7 (late)"):]
+    assert "finished" in final and "reports 40" in final and "step=39" in final
+
+
 @pytest.mark.slow
 def test_a_followed_server_job_on_a_terminal_gets_the_same_panel(train_server, tmp_path):
     """trainer.submit(wait=True) / `trainforge submit` on a terminal: the panel, fed by the job's state

@@ -44,6 +44,9 @@ def follow(job: Job, out: Any = None) -> JobStatus | None:
         return None
 
 
+REPORTS_DRAIN_S = 10.0
+
+
 class _JobView:
     """The live panel (``_internal/live_view.py``) fed by a job of the server: its state polled every
     second, its reports streamed in a thread. The runner's own per-report lines are left out of the
@@ -60,8 +63,12 @@ class _JobView:
                                (status.raw.get("request") or {}).get("workers") or "?")  # fmt: skip
         self._set(status)
         self.done = threading.Event()
-        for target, name in ((self._poll, "status"), (self._reports, "reports")):
-            threading.Thread(target=target, daemon=True, name=f"tf-job{job.id}-view-{name}").start()
+        self.threads = {
+            name: threading.Thread(target=target, daemon=True, name=f"tf-job{job.id}-view-{name}")
+            for target, name in ((self._poll, "status"), (self._reports, "reports"))
+        }
+        for thread in self.threads.values():
+            thread.start()
 
     def _set(self, status: JobStatus) -> None:
         text = status.state.lower() + (f" ({status.pending})" if status.pending else "")
@@ -91,6 +98,11 @@ class _JobView:
         return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("trainforge: [report "))
 
     def close(self, status: JobStatus | None) -> None:
+        """Draw the panel's end. A job that ended: its report stream ends with it, so the last
+        reports (which may still be on their way when the output stream closes) are drawn first;
+        waited for at most ``REPORTS_DRAIN_S``. Detaching (``None``) waits for nothing."""
+        if status is not None and status.ended:
+            self.threads["reports"].join(REPORTS_DRAIN_S)
         self.done.set()
         if status is not None:
             self._set(status)
