@@ -194,7 +194,7 @@ reaches the first step sooner because its workers start and import torch while t
 about half of either figure is torch's own first-DDP-construction cost. Ray Train blocks about 2 s in
 each `report()` (its first step includes starting Ray), so it is timed over 10 steps.
 """),
-    "recovery": Note("bea7b7d", """
+    "recovery": Note("3449dbd-dirty", """
 Recovery is the time from a worker's death to rank 0's first training step in the restarted group,
 against the cold start of raw DDP (spawn → first step). Recovery phases (medians, seconds after the
 death, `os._exit` row): detected 0.008; the failed workers are SIGKILLed at once and the old group is
@@ -202,14 +202,15 @@ stopped by 0.017 (reaped in the background by 0.02). A run that may restart star
 with the driver; it imports torch and `torch._dynamo` once, forks the first group's workers and, from
 the first step on, the standby workers, so a worker dying in the first seconds finds two waiting. The
 standby workers are connected at 0.02, the process group is ready at 0.03 and the first step done at
-0.07 in every row. This run's raw cold start (2.53 s) was slower than usual on a busy machine (1.82 s
-in the previous run); trainforge's 2.01 s and 1.95 s were measured beside it. Persisting 10 MB: 3.7 ms
-from `report()` to the committed checkpoint against a 3.2 ms copytree (`report()` itself returns at
-0.98x copytree: staging copies each file with one `copy_file_range` call); of the ~0.5 ms more, 0.20 ms
-is the hand-off (a socket message waking the driver), 0.18 ms the commit (the marker written into the
-staged directory, then one rename into place) and 0.04 ms the metrics flush, short of the 0.9x goal.
-On a local disk ASYNC saves nothing (it still copies to a local staging directory); against slow
-storage it removes the stall.
+0.06 in every row. Persisting 10 MB (2 files): 2.6 ms from `report()` to the committed checkpoint
+against a 2.9 ms copytree. Staging copies each file in the kernel (`copy_file_range`) with its blocks
+reserved first (`fallocate`), and files of 1 MiB or more side by side on up to 4 threads: on 2 cores,
+two 5 MB files copy in ~1.0 ms instead of ~1.6 ms one after the other (halves of one file on two
+threads are slower: they contend for the file's inode, so a single-file checkpoint copies on one
+thread). After `report()` returns: 0.23 ms hand-off (a socket message waking the driver), 0.20 ms the
+commit (the marker written into the staged directory, then one rename into place), 0.04 ms the metrics
+flush. On a local disk ASYNC saves nothing (it still copies, with `shutil.copytree`, to a local
+temporary directory, so its stall is now longer than SYNC's); against slow storage it removes the stall.
 """),
     "ray": Note("482707b", """
 One local Ray instance, 2 CPU workers, the same MLP as the core benchmark. Ray Train blocks about 2 s in
