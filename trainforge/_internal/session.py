@@ -22,6 +22,7 @@ from typing import Any
 
 from trainforge._internal.checkpoint import Checkpoint
 from trainforge._internal.config import CheckpointUploadMode
+from trainforge._internal.local_files import copy_tree
 from trainforge._internal.uploader import Uploader
 
 # Set by the worker's reader thread when the driver asks the run to stop (``TrainingIterator.stop()``,
@@ -155,7 +156,10 @@ class Session:
         if mode is CheckpointUploadMode.ASYNC:
             local_dir = tempfile.mkdtemp(prefix=f"trainforge_upload_r{rank}_")
             try:
-                checkpoint.to_directory(local_dir)
+                if checkpoint.is_local:  # the staging copy's way (kernel copies, big files side by side)
+                    copy_tree(checkpoint.path, local_dir)
+                else:
+                    checkpoint.to_directory(local_dir)
             except BaseException:
                 shutil.rmtree(local_dir, ignore_errors=True)
                 raise
