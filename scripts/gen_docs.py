@@ -194,7 +194,7 @@ reaches the first step sooner because its workers start and import torch while t
 about half of either figure is torch's own first-DDP-construction cost. Ray Train blocks about 2 s in
 each `report()` (its first step includes starting Ray), so it is timed over 10 steps.
 """),
-    "recovery": Note("3449dbd-dirty", """
+    "recovery": Note("0b2b2e0", """
 Recovery is the time from a worker's death to rank 0's first training step in the restarted group,
 against the cold start of raw DDP (spawn → first step). Recovery phases (medians, seconds after the
 death, `os._exit` row): detected 0.008; the failed workers are SIGKILLed at once and the old group is
@@ -207,10 +207,10 @@ against a 2.9 ms copytree. Staging copies each file in the kernel (`copy_file_ra
 reserved first (`fallocate`), and files of 1 MiB or more side by side on up to 4 threads: on 2 cores,
 two 5 MB files copy in ~1.0 ms instead of ~1.6 ms one after the other (halves of one file on two
 threads are slower: they contend for the file's inode, so a single-file checkpoint copies on one
-thread). After `report()` returns: 0.23 ms hand-off (a socket message waking the driver), 0.20 ms the
+thread). After `report()` returns: 0.23 ms hand-off (a socket message waking the driver), 0.21 ms the
 commit (the marker written into the staged directory, then one rename into place), 0.04 ms the metrics
-flush. On a local disk ASYNC saves nothing (it still copies, with `shutil.copytree`, to a local
-temporary directory, so its stall is now longer than SYNC's); against slow storage it removes the stall.
+flush. On a local disk ASYNC saves nothing (it copies the files the same way, to a local temporary
+directory, before returning); against slow storage it removes the stall.
 """),
     "ray": Note("482707b", """
 One local Ray instance, 2 CPU workers, the same MLP as the core benchmark. Ray Train blocks about 2 s in
