@@ -296,7 +296,7 @@ def test_a_staging_copy_that_fails_midway_is_an_error_not_a_short_file(storage, 
 
 
 def test_big_files_are_staged_side_by_side_each_whole(storage, tmp_path, monkeypatch):
-    """Files of PARALLEL_MIN_BYTES or more are copied on the copy threads and the calling thread
+    """Files of BIG_FILE_BYTES or more are copied on the copy threads and the calling thread
     together; every file arrives whole, small ones and nested ones included."""
     import threading
 
@@ -321,8 +321,8 @@ def test_big_files_are_staged_side_by_side_each_whole(storage, tmp_path, monkeyp
     monkeypatch.setattr(local_files, "copy_file", copy_file)
     src = tmp_path / "user_dir"
     (src / "sub").mkdir(parents=True)
-    files = {f"shard_{i}.bin": os.urandom(local_files.PARALLEL_MIN_BYTES + i * 4099) for i in range(5)}
-    files["sub/opt.bin"] = os.urandom(2 * local_files.PARALLEL_MIN_BYTES)
+    files = {f"shard_{i}.bin": os.urandom(local_files.BIG_FILE_BYTES + i * 4099) for i in range(5)}
+    files["sub/opt.bin"] = os.urandom(2 * local_files.BIG_FILE_BYTES)
     files["meta.json"] = b"{}"
     for name, data in files.items():
         (src / name).write_bytes(data)
@@ -352,7 +352,7 @@ def test_one_failed_copy_among_parallel_ones_fails_the_staging(storage, tmp_path
     src = tmp_path / "user_dir"
     src.mkdir()
     for name in ("a.bin", "b.bin", "c.bin"):
-        (src / name).write_bytes(os.urandom(local_files.PARALLEL_MIN_BYTES))
+        (src / name).write_bytes(os.urandom(local_files.BIG_FILE_BYTES))
     with pytest.raises(OSError, match="No space left"):
         storage.stage_checkpoint(str(src), 0, 0, 0)
 
@@ -362,7 +362,7 @@ def test_a_big_file_copies_whole_where_blocks_cannot_be_reserved(storage, tmp_pa
     arrives whole, at its own size."""
     from trainforge._internal import local_files
 
-    data = os.urandom(local_files.PARALLEL_MIN_BYTES + 12345)
+    data = os.urandom(local_files.BIG_FILE_BYTES + 12345)
     src = tmp_path / "user_dir"
     src.mkdir()
     (src / "model.pt").write_bytes(data)

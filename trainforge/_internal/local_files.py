@@ -18,7 +18,7 @@ def copy_tree(src: str, dest: str) -> None:
     """Copy the files under ``src`` into ``dest`` (merging with what is there). Directories and files
     get the default permissions (0o777 / 0o666 less the umask): ``shutil.copytree`` would give the
     checkpoint the 0o700 of the temporary directory the user wrote it in. Files of at least
-    ``PARALLEL_MIN_BYTES`` are copied side by side (:func:`copy_files`)."""
+    ``BIG_FILE_BYTES`` are copied side by side (:func:`copy_files`)."""
 
     def fail(exc: OSError) -> None:
         raise exc
@@ -35,14 +35,15 @@ def copy_tree(src: str, dest: str) -> None:
 # A file this big is worth a copy on another thread: on a 2-core machine two 5 MB files copy in
 # 1.0 ms side by side against 1.6 ms one after the other (each copy is a kernel loop over one file's
 # pages, and ext4 lets writes to different files run at once; halves of one file contend for its
-# inode and are slower than one thread). Below it, handing a file to a thread costs more than it saves.
-PARALLEL_MIN_BYTES = 1 << 20
+# inode and are slower than one thread), and its blocks worth reserving first (_reserve). Below it,
+# handing a file to a thread costs more than it saves.
+BIG_FILE_BYTES = 1 << 20
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 
 
 def copy_files(pairs: list[tuple[str, str]]) -> None:
-    """Copy each ``(src, dest)`` file; the big ones (``PARALLEL_MIN_BYTES``) on up to as many threads
+    """Copy each ``(src, dest)`` file; the big ones (``BIG_FILE_BYTES``) on up to as many threads
     as this process may use CPUs (4 at most), largest first, the calling thread taking its share.
     Every copy is finished or failed when this returns; the first failure is raised."""
     sizes: dict[tuple[str, str], int] = {}
@@ -51,13 +52,13 @@ def copy_files(pairs: list[tuple[str, str]]) -> None:
             sizes[pair] = os.stat(pair[0]).st_size
         except OSError:
             sizes[pair] = 0  # copy_file says what is wrong with it
-    big = sorted((p for p in pairs if sizes[p] >= PARALLEL_MIN_BYTES), key=lambda p: -sizes[p])
+    big = sorted((p for p in pairs if sizes[p] >= BIG_FILE_BYTES), key=lambda p: -sizes[p])
     threads = min(len(big), _usable_cpus(), 4)
     if threads < 2:
         for src, dest in pairs:
             copy_file(src, dest)
         return
-    small = [p for p in pairs if sizes[p] < PARALLEL_MIN_BYTES]
+    small = [p for p in pairs if sizes[p] < BIG_FILE_BYTES]
     queue = iter(big + small)
     take = threading.Lock()
     errors: list[BaseException] = []
@@ -122,7 +123,7 @@ def copy_file(src: str, dest: str) -> None:
         return
     with open(src, "rb") as fin, open(dest, "wb") as fout:
         size = os.fstat(fin.fileno()).st_size
-        if size >= PARALLEL_MIN_BYTES:
+        if size >= BIG_FILE_BYTES:
             _reserve(fout.fileno(), size)
         done = 0
         try:
