@@ -38,13 +38,14 @@ def copy_tree(src: str, dest: str) -> None:
 # inode and are slower than one thread), and its blocks worth reserving first (_reserve). Below it,
 # handing a file to a thread costs more than it saves.
 BIG_FILE_BYTES = 1 << 20
+COPY_THREADS = 4  # at most, the calling thread included (more only compete for memory bandwidth)
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 
 
 def copy_files(pairs: list[tuple[str, str]]) -> None:
     """Copy each ``(src, dest)`` file; the big ones (``BIG_FILE_BYTES``) on up to as many threads
-    as this process may use CPUs (4 at most), largest first, the calling thread taking its share.
+    as this process may use CPUs (``COPY_THREADS`` at most), largest first, the calling thread taking its share.
     Every copy is finished or failed when this returns; the first failure is raised."""
     sizes: dict[tuple[str, str], int] = {}
     for pair in pairs:
@@ -53,7 +54,7 @@ def copy_files(pairs: list[tuple[str, str]]) -> None:
         except OSError:
             sizes[pair] = 0  # copy_file says what is wrong with it
     big = sorted((p for p in pairs if sizes[p] >= BIG_FILE_BYTES), key=lambda p: -sizes[p])
-    threads = min(len(big), _usable_cpus(), 4)
+    threads = min(len(big), _usable_cpus(), COPY_THREADS)
     if threads < 2:
         for src, dest in pairs:
             copy_file(src, dest)
@@ -96,7 +97,7 @@ def _thread_pool() -> ThreadPoolExecutor:
         if _pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            _pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="trainforge-copy")
+            _pool = ThreadPoolExecutor(max_workers=COPY_THREADS - 1, thread_name_prefix="trainforge-copy")
         return _pool
 
 
