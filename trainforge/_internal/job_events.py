@@ -36,12 +36,15 @@ from typing import IO, TYPE_CHECKING, Any
 
 from trainforge._internal import constants
 from trainforge._internal.callback import Callback
-from trainforge._internal.state_files import open_append
+from trainforge._internal.state_files import open_append, open_regular
 from trainforge._internal.storage import dumps
 from trainforge._internal.str_enum import StrEnum
 
 if TYPE_CHECKING:
     from trainforge._internal.result import Result, TrainingReport
+
+READ_CAP = 256 << 20  # bytes a reader without a limit takes at once (the file is a job's: bound what we hold)
+MAX_LINE = 16 << 20  # a longer line is skipped, never held whole
 
 
 class EventType(StrEnum):
@@ -155,7 +158,7 @@ def end_offset(path: str) -> int:
     """The byte offset after the file's last complete line (0 if it has none, or there is no file):
     where a reader that wants only what comes from now on starts."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             pos = max(0, size - 65536)
             while True:
@@ -173,20 +176,24 @@ def end_offset(path: str) -> int:
 
 def _complete_lines(path: str, offset: int, limit: int | None) -> bytes:
     """The file's bytes from ``offset`` up to its last complete line (``limit``: see
-    :func:`events_with_offsets`); empty if there is no file or no complete line yet."""
+    :func:`events_with_offsets`; None: up to :data:`READ_CAP` bytes); empty if there is no file or
+    no complete line yet. The file is the job's (it writes it): it is read only as a regular file
+    (never through a link), and a line longer than :data:`MAX_LINE` is returned whole-less, without
+    a newline, so that readers skip it rather than hold it."""
+    step = limit or READ_CAP
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             f.seek(offset)
-            if limit is None:
-                data = f.read()
-            else:
-                data = more = f.read(limit)
-                while more and b"\n" not in more:  # a line longer than limit: read on to its end
-                    more = f.read(limit)
-                    data += more
+            data = more = f.read(step)
+            while more and b"\n" not in more and len(data) < MAX_LINE:  # a line longer than limit: read on
+                more = f.read(step)
+                data += more
     except FileNotFoundError:
         return b""
-    return data[: data.rfind(b"\n") + 1]
+    end = data.rfind(b"\n") + 1
+    if end == 0 and len(data) >= MAX_LINE:
+        return data[:MAX_LINE]  # no newline in MAX_LINE bytes: skipped (no reader parses a line without one)
+    return data[:end]
 
 
 def _parse(line: bytes) -> dict[str, Any] | None:

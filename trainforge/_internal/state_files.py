@@ -5,39 +5,89 @@ output and results).
     write_atomic(path, data)     # readers see the old file or the new one whole, never a part
     with open_append(path) as f: # a log or an events file (created 0600)
         ...
+    with open_regular(path) as f:  # read a file a job may have put there: never through a link
+        ...
     make_dir(path)               # 0700
+
+A job's directory is the job's to fill (in a sandbox, its own user owns it), and the server reads
+and writes there as itself: so none of these follows a symbolic link at the file's name (a link
+planted there could point at the server's token), none blocks on a FIFO, and ``write_atomic``'s
+temporary file is created anew (``O_EXCL``), never opened where the job put something.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
+import stat
 from typing import IO, Any
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 
 
-def write_atomic(path: str, data: bytes | str, *, mode: int = FILE_MODE, fsync: bool = False) -> None:
+class NotRegularFileError(FileNotFoundError):
+    """The path names a symbolic link, a FIFO, a device or a directory, not a regular file: for a
+    reader, as good as no file."""
+
+
+def write_atomic(path: str, data: bytes | str, *, mode: int = FILE_MODE, fsync: bool = False,
+                 owner: tuple[int, int] | None = None) -> None:  # fmt: skip
     """Write ``path`` so that readers see the old or the new file whole, never a part: a temporary
-    name, then a rename. ``mode`` applies before anything is written, whatever the umask."""
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(f.fileno(), mode)  # the umask may have taken bits off; what was asked for is what we get
-        f.write(data.encode() if isinstance(data, str) else data)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    name, then a rename. ``mode`` applies before anything is written, whatever the umask; ``owner``
+    (uid, gid) gives the file to them (a sandboxed job's files in its directory)."""
+    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)  # the umask may have taken bits off; what was asked for is what we get
+            if owner is not None:
+                os.fchown(f.fileno(), *owner)
+            f.write(data.encode() if isinstance(data, str) else data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def open_append(path: str, encoding: str | None = None) -> IO[Any]:
     """``path`` opened to append to (binary, or text in ``encoding``), created if need be; 0600
-    whatever the umask (and an existing file is made so)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    whatever the umask (and an existing file is made so). Never through a symbolic link: OSError."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
+                 FILE_MODE)  # fmt: skip
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFileError(errno.EINVAL, f"{path} is not a regular file: not written")
+        os.set_blocking(fd, True)
         os.fchmod(fd, FILE_MODE)
         return os.fdopen(fd, "a" if encoding else "ab", encoding=encoding)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_regular(path: str) -> IO[bytes]:
+    """``path`` opened to read (binary), if it is a regular file. A symbolic link at that name, a
+    FIFO or anything else raises :class:`NotRegularFileError` (a ``FileNotFoundError``: readers
+    treat it as no file); a missing file raises ``FileNotFoundError``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularFileError(errno.ELOOP, f"{path} is a symbolic link: not read") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFileError(errno.EINVAL, f"{path} is not a regular file: not read")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise

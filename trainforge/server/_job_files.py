@@ -123,8 +123,8 @@ class JobFiles:
     def outcome(self, job_id: int) -> dict[str, Any] | None:
         """What the job's runner wrote on its way out (``exit.json``), or None (it was lost)."""
         try:
-            with open(os.path.join(self.dir(job_id), EXIT_FILE)) as f:
-                value = json.load(f)
+            with state_files.open_regular(os.path.join(self.dir(job_id), EXIT_FILE)) as f:
+                value = json.loads(f.read(1 << 20))
             return value if isinstance(value, dict) else None
         except (OSError, ValueError):
             return None

@@ -20,7 +20,7 @@ import sys
 import threading
 
 from trainforge._internal.zygote.mark import MARK_VAR, write_mark
-from trainforge._internal.zygote.protocol import SpawnRequest
+from trainforge._internal.zygote.protocol import CHANNEL_PREFIX, ENV_ZYGOTE, SpawnRequest
 
 _START_CWD = os.getcwd()
 
@@ -49,10 +49,12 @@ def become(
     mark: tuple[int, int] | None,
     close: list[socket.socket],
     close_fds: list[int],
+    channel: socket.socket | None = None,
 ) -> int:
     """In the freshly forked child: close the zygote's sockets (``close``) and fds (``close_fds``),
-    set up the process ``request`` asks for, write one byte to ``marked_w`` once it is marked, and
-    run its target; returns the exit code."""
+    enter the request's sandbox (if any: before anything of the request is used), set up the process
+    ``request`` asks for, write one byte to ``marked_w`` once it is marked, and run its target;
+    returns the exit code. ``channel``: the job channel this child gets (``$TRAINFORGE_ZYGOTE=fd:N``)."""
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL if sig != signal.SIGPIPE else signal.SIG_IGN)
@@ -61,6 +63,10 @@ def become(
         sock.close()
     for fd in close_fds:
         os.close(fd)
+    if request.sandbox:
+        from trainforge._internal.sandbox import Plan, enter
+
+        enter(Plan.from_json(request.sandbox))
     if request.new_session:
         os.setsid()
     # fds: to high numbers first (a received fd may sit on a target number), then into place.
@@ -87,6 +93,9 @@ def become(
     _apply_pythonpath(os.environ.get("PYTHONPATH", ""), request.env.get("PYTHONPATH", ""))
     os.environ.clear()
     os.environ.update(request.env)
+    if channel is not None:  # not inherited by what the job execs: a fork of ours uses it, nothing else
+        os.environ[ENV_ZYGOTE] = f"{CHANNEL_PREFIX}{_dup_high(channel.fileno(), floor)}"
+        channel.close()
     os.chdir(request.cwd)
     if sys.path and sys.path[0] == _START_CWD:
         sys.path[0] = request.cwd

@@ -14,7 +14,13 @@ import subprocess
 import threading
 from typing import Any
 
-from trainforge._internal.zygote.protocol import PID, SpawnRequest, recv_exact
+from trainforge._internal.zygote.protocol import (
+    CHANNEL_PREFIX,
+    MAX_CHANNEL_REQUEST,
+    PID,
+    SpawnRequest,
+    recv_exact,
+)
 
 
 class ZygoteUnavailable(OSError):
@@ -72,7 +78,10 @@ class ZygoteChild:
 
 
 def spawn(path: str, request: SpawnRequest, fds: list[int], timeout: float = 10.0) -> ZygoteChild:
-    """Ask the zygote at ``path`` to fork ``request``; ZygoteUnavailable if it cannot."""
+    """Ask the zygote at ``path`` to fork ``request``; ZygoteUnavailable if it cannot. ``path``
+    ``fd:N`` is a sandboxed job's channel (see the protocol module)."""
+    if path.startswith(CHANNEL_PREFIX):
+        return _spawn_by_channel(path, request, fds, timeout)
     blob = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -85,6 +94,32 @@ def spawn(path: str, request: SpawnRequest, fds: list[int], timeout: float = 10.
     except OSError as exc:
         sock.close()
         raise ZygoteUnavailable(f"the zygote at {path} did not fork: {exc}") from exc
+    return _started(sock, data, path, request)
+
+
+def _spawn_by_channel(path: str, request: SpawnRequest, fds: list[int], timeout: float) -> ZygoteChild:
+    """Fork ``request`` through the job channel ``fd:N``: one message, the request as JSON with the
+    child's connection (a new socket pair: we keep one end) first among the attached fds."""
+    blob = request.to_json()
+    if len(blob) > MAX_CHANNEL_REQUEST:
+        raise ZygoteUnavailable(f"a request of {len(blob)} bytes does not fit the job channel ({MAX_CHANNEL_REQUEST})")
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with socket.socket(fileno=os.dup(int(path[len(CHANNEL_PREFIX):]))) as channel:  # a copy: ours to close
+            socket.send_fds(channel, [blob], [theirs.fileno(), *fds])
+        theirs.close()
+        mine.settimeout(timeout)
+        data = recv_exact(mine, PID.size)
+        mine.settimeout(None)
+    except (OSError, ValueError) as exc:
+        mine.close()
+        theirs.close()
+        raise ZygoteUnavailable(f"the job's zygote channel ({path}) did not fork: {exc}") from exc
+    return _started(mine, data, path, request)
+
+
+def _started(sock: socket.socket, data: bytes, path: str, request: SpawnRequest) -> ZygoteChild:
+    """The child whose pid the zygote answered with (``data``), or ZygoteUnavailable with its reason."""
     if len(data) != PID.size:
         sock.close()
         raise ZygoteUnavailable(f"the zygote at {path} closed the connection")

@@ -29,7 +29,13 @@ from trainforge._internal.state_files import open_append
 from trainforge._internal.zygote.child import become, startup_difference
 from trainforge._internal.zygote.launcher import TMP_PREFIX
 from trainforge._internal.zygote.mark import check_marking, mark_address
-from trainforge._internal.zygote.protocol import MAX_REQUEST, PID, SpawnRequest, recv_exact
+from trainforge._internal.zygote.protocol import (
+    MAX_CHANNEL_REQUEST,
+    MAX_REQUEST,
+    PID,
+    SpawnRequest,
+    recv_exact,
+)
 
 LEARN_IDLE_S = 1.0
 
@@ -44,6 +50,7 @@ class Zygote:
         self.learn_file = learn_file
         self.mark = mark_address()
         self.children: dict[int, socket.socket] = {}
+        self.channels: dict[socket.socket, str] = {}  # a sandboxed job's channel -> its sandbox plan (JSON)
         self.to_learn: list[str] = []
         self.listener: socket.socket | None = None
         self.wake_r, self.wake_w = os.pipe()
@@ -74,7 +81,7 @@ class Zygote:
         server_alive = True
         idle_since = time.monotonic()
         while server_alive or self.children:
-            watch: list[Any] = [self.wake_r]
+            watch: list[Any] = [self.wake_r, *self.channels]
             if server_alive:
                 watch += [listener, sys.stdin]
             timeout = LEARN_IDLE_S if self.to_learn else None
@@ -87,6 +94,8 @@ class Zygote:
                 server_alive = False  # the server is gone: serve no one new, stay for our children
                 listener.close()
                 self._remove_socket()
+            for channel in [c for c in ready if c in self.channels]:
+                self._accept_channel(channel)
             if server_alive and listener in ready:
                 self._accept(listener)
                 idle_since = time.monotonic()
@@ -157,6 +166,44 @@ class Zygote:
             if module not in sys.modules and module not in self.to_learn:
                 self.to_learn.append(module)
 
+    def _accept_channel(self, channel: socket.socket) -> None:
+        """One request on a sandboxed job's channel (JSON, the child's connection attached first):
+        forked into the channel's plan, whatever it asks. A closed channel (its runner ended) is dropped."""
+        try:
+            data, fds, flags, _ = socket.recv_fds(channel, MAX_CHANNEL_REQUEST, 16)
+        except OSError:
+            data, fds, flags = b"", [], 0
+        if not data and not fds:
+            self.channels.pop(channel, None)
+            channel.close()
+            return
+        conn = socket.socket(fileno=fds.pop(0)) if fds else None
+        try:
+            if conn is None:
+                raise ValueError("no connection attached")
+            if flags & socket.MSG_TRUNC:
+                raise ValueError(f"a request over {MAX_CHANNEL_REQUEST} bytes")
+            request = SpawnRequest.from_json(data, self.channels[channel])
+            refused = startup_difference(request.env)
+            if refused is not None:
+                conn.sendall(PID.pack(0) + PID.pack(len(refused.encode())) + refused.encode())
+                conn.close()
+                return
+            pid = self._fork(request, fds, conn)
+        except Exception as exc:  # a job's bad request: refused, the zygote goes on
+            print(f"trainforge zygote: bad request on a job channel: {exc!r}", file=sys.stderr, flush=True)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.sendall(PID.pack(-1))
+                conn.close()
+            return
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.children[pid] = conn
+        conn.sendall(PID.pack(pid))
+
     def _learn(self) -> None:
         learned = []
         for module in self.to_learn:
@@ -174,9 +221,15 @@ class Zygote:
         """Fork the child; return its pid once it is marked (its environment block and command line
         say whose it is), so that whoever looks for the job's processes from then on finds it."""
         marked_r, marked_w = os.pipe()
+        channel = child_channel = None
+        if request.channel and request.sandbox:
+            channel, child_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid:
             os.close(marked_w)
+            if channel is not None and child_channel is not None:
+                child_channel.close()
+                self.channels[channel] = request.sandbox or ""
             try:
                 ready, _, _ = select.select([marked_r], [], [], 10.0)
                 if ready:
@@ -187,8 +240,10 @@ class Zygote:
         code = 1
         os.close(marked_r)
         try:  # the child: nothing here may return into the zygote's loop
-            ours = [conn, *([self.listener] if self.listener is not None else []), *self.children.values()]
-            code = become(request, fds, marked_w, self.mark, ours, [self.wake_r, self.wake_w])
+            ours = [conn, *([self.listener] if self.listener is not None else []), *self.children.values(),
+                    *self.channels, *([channel] if channel is not None else [])]  # fmt: skip
+            code = become(request, fds, marked_w, self.mark, ours, [self.wake_r, self.wake_w],
+                          channel=child_channel)  # fmt: skip
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         except BaseException:  # noqa: BLE001 - shown on the child's stderr

@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, HTTPException, Query
 from fastapi.responses import Response
 
+from trainforge._internal.state_files import open_regular
 from trainforge.server._routes.access import Caller, check_priority
 from trainforge.server._routes.common import ERRORS, Service, job_or_404, job_out_for
 from trainforge.server._schemas import (
@@ -109,8 +110,9 @@ def result(service: Service, job_id: JobId) -> Response:
     job = job_or_404(service, job_id)
     if not job.state.terminal:
         raise HTTPException(409, f"job {job_id} is {job.state}: its result exists once it has ended")
-    path = service.files.result(job_id)
-    if not os.path.exists(path):
-        raise HTTPException(404, f"job {job_id} ({job.kind}, {job.state}) left no Result: see its logs and events")
-    with open(path, "rb") as f:
+    try:
+        f = open_regular(service.files.result(job_id))  # the job's file: never through a link it put there
+    except FileNotFoundError:
+        raise HTTPException(404, f"job {job_id} ({job.kind}, {job.state}) left no Result: see its logs and events") from None
+    with f:
         return Response(f.read(), media_type="application/octet-stream")

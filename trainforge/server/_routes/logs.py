@@ -19,6 +19,7 @@ from fastapi.responses import StreamingResponse
 
 from trainforge._internal.http import json_safe
 from trainforge._internal.job_events import end_offset, events_with_offsets
+from trainforge._internal.state_files import open_regular
 from trainforge.server._routes.common import (
     ERRORS,
     POLL_S,
@@ -72,9 +73,13 @@ def _tail_offset(f: Any, size: int, lines: int) -> int:
 
 
 def _read_range(path: str | None, offset: int | None, tail: int | None) -> LogsOut:
-    if path is None or not os.path.exists(path):
+    try:
+        f = open_regular(path) if path is not None else None  # a job's file: never through a link it put there
+    except FileNotFoundError:
+        f = None
+    if f is None:
         return LogsOut(text="", offset=0, next_offset=0, size=0, path=path)
-    with open(path, "rb") as f:
+    with f:
         size = os.fstat(f.fileno()).st_size
         if offset is None:
             offset = 0 if tail is None else _tail_offset(f, size, tail)
