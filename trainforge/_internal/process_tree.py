@@ -56,3 +56,26 @@ def kill_and_reap(procs: Iterable[Any], *, timeout: float = 10.0, skip_reap: Ite
         waited.append(p)
     _gone, alive = psutil.wait_procs(waited, timeout=timeout)
     return list(alive)
+
+
+def reap_zombie_children(skip: Iterable[int] = ()) -> list[int]:
+    """Reap every child of this process that has exited (a zombie), but ``skip`` (pids a waiter
+    thread of the caller waits for itself): orphans of a killed job come to a subreaper, and must
+    not stay zombies under it. Returns the pids reaped."""
+    import psutil
+
+    skipped = set(skip)
+    reaped: list[int] = []
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return reaped
+    for child in children:
+        try:
+            if child.pid in skipped or child.status() != psutil.STATUS_ZOMBIE:
+                continue
+            os.waitpid(child.pid, 0)
+            reaped.append(child.pid)
+        except (psutil.Error, ChildProcessError, OSError):
+            continue
+    return reaped

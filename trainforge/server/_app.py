@@ -124,7 +124,8 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str], regist
         cookie_name=cookie_name(service.server_id) if service is not None else None,
         token_hint="the token from the server's state directory (<state-dir>/token; the CLI and Python client "
         "read it themselves), or your own ($TRAINFORGE_TOKEN)",
-        authenticate=authenticator(service.users if service is not None else None, token, scrape_token),
+        authenticate=authenticator(service.users if service is not None else None, token, scrape_token,
+                                   jobs=service.job_tokens.verify if service is not None else None),
     )  # fmt: skip
     audited = AuditMiddleware(app, lambda: service.audit if service is not None else None, skip=access.UNAUDITED)
     return Guard(audited, policy), app

@@ -169,6 +169,8 @@ class AuditMiddleware:
                 job_id = reply.get("id")
             elif status >= 400:
                 detail = json.dumps(reply.get("detail"), default=str)[:_DETAIL_MAX]
+        if who.job_id is not None:  # a job acting on its owner's behalf: say which
+            detail = f"with job {who.job_id}'s credential" + (f": {detail}" if detail else "")
         client = scope.get("client")
         log.record(AuditEntry(ts=time.time(), user=who.name, role=who.role, action=rule, method=scope["method"],
                               path=scope.get("path", ""), job_id=job_id, status=status,

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from trainforge.server._config import default_state_dir, parse_resources
+from trainforge.server._isolation import MODES, PIDS_MAX, UID_BASE, IsolationConfig
 from trainforge.server._team_policy import TeamPolicy, parse_duration
 
 
@@ -46,6 +47,16 @@ def add_start_options(start: argparse.ArgumentParser) -> None:
     start.add_argument("--default-quota", type=parse_resources, default=None,
                        help="the quota of users without one of their own, e.g. GPU=2,CPU=16")  # fmt: skip
     start.add_argument("--metrics-per-job", action="store_true", help="/metrics also has one series per running job")
+    start.add_argument("--job-isolation", choices=MODES, default="auto",
+                       help="how the jobs of a server with users are kept apart: uid (root: each user's jobs run "
+                            "as a uid of their own, in a mount namespace), userns (bubblewrap), auto (default: "
+                            "uid as root, else userns), off (trusted users only)")  # fmt: skip
+    start.add_argument("--no-job-isolation", dest="job_isolation", action="store_const", const="off",
+                       help="run every job as the server's user, seeing its files: for users who trust each other")  # fmt: skip
+    start.add_argument("--job-uid-base", type=int, default=UID_BASE,
+                       help=f"a user's jobs run as uid BASE+n (n: the user's number; default {UID_BASE})")  # fmt: skip
+    start.add_argument("--job-pids-max", type=int, default=PIDS_MAX,
+                       help=f"the most tasks (processes and threads) a job may have at once (default {PIDS_MAX})")  # fmt: skip
 
 
 def start_config(args: Any) -> dict[str, Any]:
@@ -63,7 +74,10 @@ def start_config(args: Any) -> dict[str, Any]:
     if args.scrape_token_file:
         with open(args.scrape_token_file) as f:
             scrape = f.read().strip()
-    return {"tls_cert": args.tls_cert, "tls_key": args.tls_key, "scrape_token": scrape, "team": team}
+    isolation = IsolationConfig(mode=args.job_isolation, uid_base=args.job_uid_base, pids_max=args.job_pids_max)
+    secrets = tuple(p for p in (args.scrape_token_file, getattr(args, "token_file", None)) if p)
+    return {"tls_cert": args.tls_cert, "tls_key": args.tls_key, "scrape_token": scrape, "team": team,
+            "isolation": isolation, "secret_files": secrets}  # fmt: skip
 
 
 def forward(args: Any) -> list[str]:
@@ -83,6 +97,8 @@ def forward(args: Any) -> list[str]:
         out += ["--default-quota", ",".join(f"{k}={v}" for k, v in args.default_quota.items())]
     out += [flag for flag, on in (("--no-fair-share", not args.fair_share), ("--no-preemption", not args.preemption),
                                   ("--metrics-per-job", args.metrics_per_job)) if on]  # fmt: skip
+    out += ["--job-isolation", args.job_isolation, "--job-uid-base", str(args.job_uid_base),
+            "--job-pids-max", str(args.job_pids_max)]  # fmt: skip
     return out
 
 
@@ -99,7 +115,10 @@ def add_commands(sub: Any, server_sub: Any, address: Any) -> None:
     for p in (add, change):
         p.add_argument("--shares", type=float, help="weight in fair share (default 1)")
         p.add_argument("--quota", type=parse_resources, help="what their jobs may hold at once, e.g. GPU=2,CPU=16")
+        p.add_argument("--os-user", help="an account of this machine their jobs run as (a server running as root; "
+                       "default: a uid of their own, with a home in the state directory)")  # fmt: skip
     change.add_argument("--no-quota", action="store_true", help="remove their quota")
+    change.add_argument("--no-os-user", action="store_true", help="their jobs run as a uid of their own again")
     listing = usub.add_parser("list", help="the users, their roles, shares and quotas")
     listing.add_argument("--json", action="store_true", help="print JSON")
     remove = usub.add_parser("remove", help="remove a user (their token stops working; their jobs stay)")
@@ -126,14 +145,11 @@ class _Direct:
     """``users`` without a server: the state directory's store and its UserBook."""
 
     def __init__(self, state_dir: str):
-        from trainforge._internal import state_files
         from trainforge.server._store import JobStore
         from trainforge.server._users import UserBook
 
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        db = os.path.join(state_dir, "state.db")
-        state_files.open_append(db).close()  # 0600 before SQLite makes it
-        self.store = JobStore(db)
+        self.store = JobStore(os.path.join(state_dir, "state.db"))
         self.book = UserBook(self.store)
 
     def request(self, method: str, path: str, *, json: Any = None, params: Any = None) -> Any:
@@ -142,15 +158,18 @@ class _Direct:
         if method == "GET":
             return [u.public() for u in book.list()]
         if method == "POST" and len(parts) == 1:
-            user, token = book.add(body["name"], body["role"], shares=body.get("shares", 1.0), quota=body.get("quota"))
+            user, token = book.add(body["name"], body["role"], shares=body.get("shares", 1.0), quota=body.get("quota"),
+                                   os_user=body.get("os_user"))  # fmt: skip
             return {"user": user.public(), "token": token}
         if method == "POST":
             user, token = book.rotate(parts[1])
             return {"user": user.public(), "token": token}
         if method == "PATCH":
             quota = body.get("quota")
+            os_user = body.get("os_user")
             return book.update(parts[1], role=body.get("role"), shares=body.get("shares"), quota=quota or None,
-                               clear_quota=quota == {}).public()  # fmt: skip
+                               clear_quota=quota == {}, os_user=os_user or None,
+                               clear_os_user=os_user == "").public()  # fmt: skip
         book.remove(parts[1])
         return None
 
@@ -199,7 +218,8 @@ def _users_with(target: Any, args: Any) -> int:
             print(f"{u['name']:<20} {u['role']:<7} {u['shares']:>6g}  {quota}")
         return 0
     if verb == "add":
-        body = {"name": args.name, "role": args.role, "shares": args.shares or 1.0, "quota": args.quota}
+        body = {"name": args.name, "role": args.role, "shares": args.shares or 1.0, "quota": args.quota,
+                "os_user": args.os_user}
         reply = target.request("POST", "/users", json=body)
         _print_token(target, reply, f"added {args.name} ({args.role})")
         return 0
@@ -208,7 +228,8 @@ def _users_with(target: Any, args: Any) -> int:
         _print_token(target, reply, f"rotated {args.name}'s token (the old one no longer works)")
         return 0
     if verb == "set":
-        body = {"role": args.role, "shares": args.shares, "quota": {} if args.no_quota else args.quota}
+        body = {"role": args.role, "shares": args.shares, "quota": {} if args.no_quota else args.quota,
+                "os_user": "" if args.no_os_user else args.os_user}
         user = target.request("PATCH", f"/users/{args.name}", json={k: v for k, v in body.items() if v is not None})
         quota = ",".join(f"{k}={v:g}" for k, v in (user["quota"] or {}).items()) or "none"
         print(f"{user['name']}: {user['role']}, shares {user['shares']:g}, quota {quota}")

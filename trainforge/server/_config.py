@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from trainforge._internal.http import is_loopback
+from trainforge.server._isolation import IsolationConfig
 from trainforge.server._team_policy import TeamPolicy
 
 DEFAULT_PORT = 8270  # not Ray's 6379 / 8265 (dashboard) / 8266 / 10001 (client)
@@ -44,7 +45,10 @@ class ServerConfig:
     serve HTTPS with this certificate chain and key (PEM files; both or neither). ``scrape_token``:
     the token that may read ``/metrics`` and nothing else (None: random, in ``<state_dir>/scrape_token``).
     ``team``: the rules of a server several users share (fair share, preemption, quotas, what
-    members may do: :class:`~trainforge.server._team_policy.TeamPolicy`).
+    members may do: :class:`~trainforge.server._team_policy.TeamPolicy`). ``isolation``: how the
+    jobs of a server with users are kept apart (:class:`~trainforge.server._isolation.IsolationConfig`).
+    ``secret_files``: files the server read secrets from (``--token-file``, the TLS key): hidden
+    from every job's sandbox, wherever they are.
 
     Example::
 
@@ -65,6 +69,8 @@ class ServerConfig:
     tls_key: str | None = None
     scrape_token: str | None = None
     team: TeamPolicy = dataclasses.field(default_factory=TeamPolicy)
+    isolation: IsolationConfig = dataclasses.field(default_factory=IsolationConfig)
+    secret_files: tuple[str, ...] = ()
 
     @property
     def tls(self) -> bool:
@@ -106,6 +112,11 @@ class ServerConfig:
             raise ValueError("ServerConfig.scrape_token: give a string of at least 16 characters (or None for a random one).")
         if not isinstance(self.team, TeamPolicy):
             raise ValueError(f"ServerConfig.team={self.team!r}: give a TeamPolicy(...)")
+        if not isinstance(self.isolation, IsolationConfig):
+            raise ValueError(f"ServerConfig.isolation={self.isolation!r}: give an IsolationConfig(...)")
+        self.secret_files = tuple(os.path.abspath(os.path.expanduser(p)) for p in self.secret_files)
+        if self.tls_key is not None and self.tls_key not in self.secret_files:
+            self.secret_files += (self.tls_key,)
         if not is_loopback(self.host) and self.token is None:
             raise ValueError(
                 f"ServerConfig.host={self.host!r} is not a loopback address: anyone who can reach it could run "

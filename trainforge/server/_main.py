@@ -182,6 +182,7 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
 
     from trainforge._internal.ray_utils import ray_connected
     from trainforge.server._app import make_app
+    from trainforge.server._isolation import Isolation
     from trainforge.server._service import JobService
 
     os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
@@ -194,13 +195,16 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
     if ray_total is not None and config.capacity is None:
         capacity = {k: float(v) for k, v in ray_total.items()}  # the cluster's own: no reserve taken off
     scrape_token = _ensure_token(config.state_dir, config.scrape_token, SCRAPE_TOKEN_FILE)
+    isolation = Isolation.choose(config.isolation)
     service = JobService(config.state_dir, capacity, durable=config.durable, stop_grace_s=config.stop_grace_s,
-                         warm=config.warm, team=config.team)  # fmt: skip
-    t0 = time.perf_counter()
-    counts = service.recover()  # before anything is accepted
-    recover_s = time.perf_counter() - t0
-    service.start()
-    try:
+                         warm=config.warm, team=config.team, isolation=isolation,
+                         secret_files=config.secret_files)  # fmt: skip
+    refusal = isolation.refusal(len(service.users.list()))
+    if refusal is not None:
+        service.close()
+        lock.close()
+        raise ServerStartError(refusal)
+    try:  # bound before jobs are started (recover() may start some): they get the server's address
         sock = http.listen(config.host, config.port)
     except OSError:
         service.close()
@@ -209,6 +213,11 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
     port = sock.getsockname()[1]
     host = f"[{config.host}]" if ":" in config.host else config.host
     url = f"{'https' if config.tls else 'http'}://{host}:{port}"
+    service.launcher.url = url
+    t0 = time.perf_counter()
+    counts = service.recover()  # before anything is accepted
+    recover_s = time.perf_counter() - t0
+    service.start()
     import psutil
 
     write_atomic(
@@ -235,6 +244,8 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
     if not http.is_loopback(config.host) and not config.tls:
         announce(_CLEAR_TEXT_WARNING.format(host=config.host))
     announce(f"trainforge server: {where}: {kinds}")
+    for line in isolation.lines():
+        announce(f"trainforge server: {line}")
     announce(f"trainforge server: dashboard at {dashboard_url(url, token if _own_terminal() else None)}")
     announce(f"trainforge server: serving {url} (pid {os.getpid()})")  # the last line: clients may connect
     sys.stdout.flush()

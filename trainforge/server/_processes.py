@@ -5,11 +5,20 @@ job, whoever its parent is now.
 
 A job's processes all carry ``TRAINFORGE_JOB_ID`` and ``TRAINFORGE_SERVER_ID`` in their
 environment (:func:`job_env`), so :func:`find_job_processes` finds them by it, and a runner that
-outlived a previous server is adopted (:meth:`Processes.adopt`) and followed by its pid.
+outlived a previous server is adopted (:meth:`Processes.adopt`) and followed by its pid. Where the
+server can make cgroups, each job's processes are in its cgroup too (``cgroup_of``): a process
+that drops those variables, or calls ``setsid``, is still found and killed with the job.
+
+A sandboxed job's runner (:mod:`trainforge.server._sandboxes`) starts with its plan: forked from
+the warm pool into it (the pool then forks its workers through the job's channel), or started
+fresh as ``python -P -m trainforge.server._runner`` in ``/`` with only the server's own start-up
+environment and the plan (which it enters before anything else), or, in a user namespace, in
+bubblewrap.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -19,13 +28,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
 
-from trainforge._internal import constants, state_files, zygote
-from trainforge._internal.process_tree import kill_and_reap
+from trainforge._internal import constants, sandbox, state_files, zygote
+from trainforge._internal.process_tree import kill_and_reap, reap_zombie_children
+from trainforge._internal.sandbox import JobCgroup, Plan
 from trainforge.server._crash import crash_point
 from trainforge.server._runner import EVENTS_FILE, GRANT_FILE, OUTPUT_FILE
 
@@ -82,11 +92,12 @@ def alive(pid: int, start_time: float | None) -> bool:
 
 
 def job_env(*, job_id: int, server_id: str, attempt: int, job_dir: str, spec_env: dict[str, Any],
-            gpu_ids: list[str] | None) -> dict[str, str]:  # fmt: skip
-    """The environment of a job's runner (and so of all its processes): the server's, less its fault
-    injection, plus the job's own (``spec_env``), its id and attempt, its events and grant files and,
-    with ``gpu_ids`` (None: the machine has no GPUs to share out), ``CUDA_VISIBLE_DEVICES``."""
-    env = dict(os.environ)
+            gpu_ids: list[str] | None, base: dict[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+    """The environment of a job's runner (and so of all its processes): ``base`` (None: the
+    server's, less its fault injection; a sandboxed job's is built, see ``_sandboxes``), plus the
+    job's own (``spec_env``), its id and attempt, its events and grant files and, with ``gpu_ids``
+    (None: the machine has no GPUs to share out), ``CUDA_VISIBLE_DEVICES``."""
+    env = dict(os.environ) if base is None else dict(base)
     env.pop(constants.ENV_CRASH_AT, None)  # the server's fault injection is not the job's
     env[constants.ENV_JOB_ATTEMPT] = str(attempt)
     env.update({str(k): str(v) for k, v in spec_env.items()})
@@ -105,17 +116,35 @@ def job_env(*, job_id: int, server_id: str, attempt: int, job_dir: str, spec_env
     return env
 
 
+@contextlib.contextmanager
+def _output(path: str) -> Iterator[Any]:
+    """The job's output log opened to append to. Anything else the job left at that name (a link, a
+    FIFO) is removed first: the server writes there, never through what the job put."""
+    try:
+        out = state_files.open_append(path)
+    except OSError:
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            os.unlink(path)
+        out = state_files.open_append(path)
+    with out:
+        yield out
+
+
 class Processes:
     """The runners of one server's jobs (``runners``: job id -> :class:`Runner`) and the warm pool
     they are forked from. ``on_exit(job_id, returncode)`` is called on a waiter thread when a runner
     is gone (``returncode`` None when it was not our child)."""
 
-    def __init__(self, state_dir: str, server_id: str, *, warm: bool, on_exit: Callable[[int, int | None], None]):
+    def __init__(self, state_dir: str, server_id: str, *, warm: bool, on_exit: Callable[[int, int | None], None],
+                 cgroup_of: Callable[[int], JobCgroup | None] = lambda job_id: None,
+                 zygote_env: dict[str, str] | None = None):  # fmt: skip
         self.state_dir = state_dir
         self.server_id = server_id
         self.warm = warm
         self.runners: dict[int, Runner] = {}
         self._on_exit = on_exit
+        self._cgroup_of = cgroup_of
+        self._zygote_env = zygote_env
         self._zygote: subprocess.Popen[bytes] | None = None
         self._zygote_path: str | None = None  # set once the zygote serves
         self._closing = threading.Event()
@@ -129,7 +158,7 @@ class Processes:
         try:
             proc, ready_fd = zygote.launch(
                 path, log_path=os.path.join(self.state_dir, ZYGOTE_LOG), preload=WARM_PRELOAD,
-                learn_file=os.path.join(self.state_dir, WARM_MODULES_FILE),
+                learn_file=os.path.join(self.state_dir, WARM_MODULES_FILE), env=self._zygote_env,
             )  # fmt: skip
         except OSError as exc:
             logger.warning("no warm process pool (%s): every job starts fresh processes", exc)
@@ -169,25 +198,42 @@ class Processes:
             self._zygote.stdin.close()
 
     # -- runners ----------------------------------------------------------------------------------
-    def spawn(self, job_dir: str, env: dict[str, str]) -> subprocess.Popen[bytes] | zygote.ZygoteChild:
+    def spawn(self, job_dir: str, env: dict[str, str], *, plan: Plan | None = None,
+              start_env: dict[str, str] | None = None) -> subprocess.Popen[bytes] | zygote.ZygoteChild:  # fmt: skip
         """The job's runner, in its own session, output to the job's log: forked from the warm zygote
         when it serves (its workers then are too), else a fresh ``python -m trainforge.server._runner``.
-        Not yet one of :attr:`runners` (:meth:`add` it once it is recorded)."""
-        with state_files.open_append(os.path.join(job_dir, OUTPUT_FILE)) as out:
+        With a sandbox ``plan`` (whose ``env`` is the job's), confined by it; ``start_env``: what a
+        fresh sandboxed runner starts with (the server's own, never the job's). Not yet one of
+        :attr:`runners` (:meth:`add` it once it is recorded)."""
+        with _output(os.path.join(job_dir, OUTPUT_FILE)) as out:
             path = self._zygote_path
-            if path is not None and self._zygote is not None and self._zygote.poll() is None:
+            warm = path is not None and self._zygote is not None and self._zygote.poll() is None
+            if warm and (plan is None or plan.uid is not None):
                 request = zygote.SpawnRequest(
-                    target=f"{RUNNER_MODULE}:main", args=[job_dir], env={**env, zygote.ENV_ZYGOTE: path},
-                    cwd=job_dir, fds={1: 0, 2: 0}, new_session=True, mark=(constants.ENV_JOB_ID, ENV_SERVER_ID),
+                    target=f"{RUNNER_MODULE}:main", args=[job_dir], cwd=job_dir, fds={1: 0, 2: 0}, new_session=True,
+                    mark=(constants.ENV_JOB_ID, ENV_SERVER_ID),
+                    env={**env, zygote.ENV_ZYGOTE: str(path)} if plan is None else plan.env,
+                    sandbox=plan.to_json() if plan is not None else None, channel=plan is not None,
                 )  # fmt: skip
+                assert path is not None
                 try:
                     return zygote.spawn(path, request, [out.fileno()])
                 except zygote.ZygoteUnavailable as exc:
                     logger.warning("%s: starting the job's runner fresh", exc)
+            if plan is None:
+                return subprocess.Popen(
+                    [sys.executable, "-m", RUNNER_MODULE, job_dir],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                    cwd=job_dir, start_new_session=True,
+                )  # fmt: skip
+            # Fresh and sandboxed: nothing of the job's (its environment, its directory as the current
+            # one, which `python -m` would put first on sys.path) reaches the process before it is confined.
+            # -P: no current directory on sys.path; -s: no user site (a job could put a .pth file in $HOME's)
+            runner = [sys.executable, "-P", "-s", "-m", RUNNER_MODULE, job_dir]
+            argv = runner if plan.uid is not None else sandbox.bwrap_command(plan, runner, chdir=job_dir)
             return subprocess.Popen(
-                [sys.executable, "-m", RUNNER_MODULE, job_dir],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                cwd=job_dir, start_new_session=True,
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env={**(start_env or {}), sandbox.ENV_PLAN: plan.to_json()}, cwd="/", start_new_session=True,
             )  # fmt: skip
 
     def add(self, job_id: int, pid: int, popen: subprocess.Popen[bytes] | zygote.ZygoteChild | None = None) -> Runner:
@@ -225,8 +271,23 @@ class Processes:
 
     # -- finding and killing ----------------------------------------------------------------------
     def job_processes(self, job_id: int) -> list[psutil.Process]:
-        """Every live process of the job on this machine, found by its environment."""
-        return find_job_processes(self.server_id, [job_id])[job_id]
+        """Every live process of the job on this machine: in its cgroup, or found by its environment."""
+        return self.jobs_processes([job_id])[job_id]
+
+    def jobs_processes(self, job_ids: list[int]) -> dict[int, list[psutil.Process]]:
+        """:meth:`job_processes` of several jobs, in one scan of the machine's processes."""
+        found = find_job_processes(self.server_id, job_ids)
+        for job_id in job_ids:
+            group = self._cgroup_of(job_id)
+            if group is None:
+                continue
+            known = {p.pid for p in found[job_id]}
+            for pid in group.pids() - known:
+                try:
+                    found[job_id].append(psutil.Process(pid))
+                except psutil.Error:
+                    pass
+        return found
 
     def find_runner(self, job_id: int) -> int | None:
         """The pid of the job's runner among its processes (one started just before a crash, before
@@ -261,13 +322,25 @@ class Processes:
             self.stop(runner, grace_s=grace_s)
 
     def kill_job(self, job_id: int, runner_pid: int | None = None) -> None:
-        """SIGKILL every process of the job (and ``runner_pid``) and wait until they are gone."""
+        """SIGKILL every process of the job (and ``runner_pid``) and wait until they are gone: its
+        whole cgroup at once where it has one (forks under way included), then what its environment
+        names; the ones that were ours (orphans come to the server, a subreaper) are reaped."""
         procs = self.job_processes(job_id)
         if runner_pid is not None and all(p.pid != runner_pid for p in procs):
             try:
                 procs.append(psutil.Process(runner_pid))
             except psutil.Error:
                 pass
+        group = self._cgroup_of(job_id)
+        if group is not None and not group.kill(timeout=10):
+            logger.warning("job %s: processes still in its cgroup after SIGKILL: %s", job_id, sorted(group.pids()))
         # A runner this server started is reaped by its waiter thread (which keeps its exit code).
         ours = {r.pid for r in self.runners.values() if r.popen is not None}
         kill_and_reap(procs, timeout=10, skip_reap=ours)
+        reap_zombie_children(skip=ours | ({self._zygote.pid} if self._zygote is not None else set()))
+
+    def forget_cgroup(self, job_id: int) -> None:
+        """Remove the (emptied) cgroup of a job that ended."""
+        group = self._cgroup_of(job_id)
+        if group is not None:
+            group.remove()

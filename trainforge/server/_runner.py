@@ -149,9 +149,29 @@ def _prepare(job_dir: str, job_id: str | None) -> dict[str, Any]:
     return spec
 
 
+def _confine(job_dir: str) -> dict[str, Any] | None:
+    """A runner started fresh with a sandbox plan enters it first, before anything of the job is
+    read (:mod:`trainforge._internal.sandbox`), then works in the job's directory; one started
+    without joins the job's cgroup, if it has one. The outcome to end with if that fails, else None."""
+    from trainforge._internal.sandbox import enter_from_environment
+
+    try:
+        if enter_from_environment():
+            os.chdir(job_dir)
+    except (OSError, ValueError) as exc:
+        return {"status": "failed", "failure_class": "infra", "exit_code": 1,
+                "error": f"could not enter the job's sandbox: {exc}"}  # fmt: skip
+    return None
+
+
 def main(job_dir: str) -> int:
     """Run the job in ``job_dir`` and write its outcome to ``exit.json``: whatever fails, from reading
     its spec to its last line, ends there (a runner that ends without one is *lost*, and retried)."""
+    refused = _confine(job_dir)
+    if refused is not None:  # still the server's user: say why in the job's log and outcome, run nothing
+        print(f"trainforge job {os.environ.get('TRAINFORGE_JOB_ID')}: not started: {refused['error']}", flush=True)
+        write_atomic(os.path.join(job_dir, EXIT_FILE), json.dumps(refused), fsync=True)
+        return 1
     job_id = os.environ.get("TRAINFORGE_JOB_ID")
     try:
         spec = _prepare(job_dir, job_id)

@@ -328,12 +328,18 @@ UserPath = Annotated[str, Path(min_length=1, max_length=64, pattern=USER_NAME_PA
 Quota = dict[KindName, Amount]
 
 
+OsUser = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z_][a-z0-9_.-]*[$]?$")]
+
+
 class UserIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: UserName
     role: Literal["admin", "member", "viewer"]
     shares: float = Field(default=1.0, gt=0, le=1e6, allow_inf_nan=False, description="weight in fair share")
     quota: Quota | None = Field(default=None, description="what the user's jobs may hold at once, by kind")
+    os_user: OsUser | None = Field(default=None, description=(
+        "an account of the server's machine the user's jobs run as (a server running as root; default: a "
+        "uid of the user's own)"))
 
 
 class UserPatchIn(BaseModel):
@@ -341,6 +347,7 @@ class UserPatchIn(BaseModel):
     role: Literal["admin", "member", "viewer"] | None = None
     shares: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
     quota: Quota | None = Field(default=None, description="the new quota ({} removes it)")
+    os_user: OsUser | Literal[""] | None = Field(default=None, description="the account their jobs run as ('' : none)")
 
 
 class UserOut(BaseModel):
@@ -350,6 +357,7 @@ class UserOut(BaseModel):
     quota: dict[str, float] | None
     created_at: float
     rotated_at: float | None
+    os_user: str | None = None
 
 
 class UserTokenOut(BaseModel):

@@ -7,10 +7,11 @@ Every change is written to the :class:`~trainforge.server._store.JobStore` *befo
 server killed at any point finds on restart what it had started.
 
 Its collaborators: the waiting jobs in start order (``_waiting``), the job directories
-(``_job_files``), the runner processes (``_processes``: starting, waiting, adopting, killing), the
-events tailer (``_tailer``), the elastic jobs' sizes (``_elastic``), how a run ended (``_outcome``),
-the usage sampler (``_usage``), and, for a server a team shares, its users (``_users``) and what the
-rules of quotas, fair share and preemption need (``_team``).
+(``_job_files``), launching a runner (``_launch``: its environment, sandbox, credential and cgroup),
+the runner processes (``_processes``: starting, waiting, adopting, killing), who holds which GPU
+(``_gpus``), the events tailer (``_tailer``), the elastic jobs' sizes (``_elastic``), how a run
+ended (``_outcome``), the usage sampler (``_usage``), and, for a server a team shares, its users
+(``_users``), their jobs' sandboxes (``_sandboxes``) and what quotas, fair share and preemption need.
 
 Threads: the API's (any number) call the public methods; one waiter per runner (``Popen.wait`` for
 a runner this server started, a pidfd for one it reattached); one tailer that reads the runners'
@@ -20,7 +21,6 @@ event files every 50 ms. Scheduling runs under one lock, on the thread whose eve
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
@@ -29,15 +29,19 @@ from typing import Any
 
 import psutil
 
-from trainforge._internal import state_files
 from trainforge._internal.state_files import write_atomic
 from trainforge.server._audit import AuditLog
 from trainforge.server._crash import crash_point
 from trainforge.server._elastic import Elastic
+from trainforge.server._gpus import GpuOwners
 from trainforge.server._idempotency import ConflictError, NotFoundError, resubmitted, submission_digest
+from trainforge.server._isolation import Isolation, IsolationConfig
 from trainforge.server._job_files import JobFiles
+from trainforge.server._job_tokens import JobTokens
+from trainforge.server._launch import Launcher, LaunchError
 from trainforge.server._outcome import run_ended
-from trainforge.server._processes import Processes, alive, find_job_processes, job_env
+from trainforge.server._processes import Processes, alive
+from trainforge.server._sandboxes import JobSandboxes, server_start_env
 from trainforge.server._scheduler import Decision, JobRequest, Pending, check_fits, decide, free_resources
 from trainforge.server._state import ACTIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobEvent, JobState
 from trainforge.server._store import JobRow, JobStore
@@ -60,31 +64,37 @@ def request_of(job: JobRow) -> JobRequest:
 
 class JobService:
     def __init__(self, state_dir: str, capacity: dict[str, float], *, durable: bool = False, stop_grace_s: float = 10.0,
-                 warm: bool = True, team: TeamPolicy | None = None):  # fmt: skip
+                 warm: bool = True, team: TeamPolicy | None = None, isolation: Isolation | None = None,
+                 secret_files: tuple[str, ...] = ()):  # fmt: skip
         self.state_dir = state_dir
         self.warm = warm
         self.jobs_dir = os.path.join(state_dir, "jobs")
         self.files = JobFiles(self.jobs_dir)
         self.capacity = dict(capacity)
         self.stop_grace_s = stop_grace_s
-        db = os.path.join(state_dir, "state.db")
-        state_files.open_append(db).close()  # 0600 first: SQLite gives its -wal and -shm files the database's mode
-        self.store = JobStore(db, durable=durable)
+        self.store = JobStore(os.path.join(state_dir, "state.db"), durable=durable)
         self.server_id = self._server_id()
         self._lock = threading.RLock()
         self._waiting = WaitingQueue()  # queued or held, in start order
         self._grants: dict[int, dict[str, float]] = {}  # jobs holding resources
-        self._gpu_owner: dict[str, int] = {}
+        self.gpus = GpuOwners(self.capacity.get("GPU", 0.0))
         self._decision: Decision | None = None  # the latest; its reasons are worked out when asked for
         self._closing = threading.Event()
         self._tail_thread: threading.Thread | None = None
         self.last_decision_s = 0.0
         self.started_at = time.time()
-        self.processes = Processes(state_dir, self.server_id, warm=warm, on_exit=self._finish)
-        self.tailer = EventsTailer(self.store, self.files.events, self.get)
-        self.elastic = Elastic(self.capacity, self._grants, self._gpu_owner, self.store, self.files, self.get)
-        self.usage = UsageSampler(self.active_jobs, lambda job_ids: find_job_processes(self.server_id, job_ids))
         self.users = UserBook(self.store)
+        # None (a service made by hand, as unit tests do): no sandbox, no cgroup (serve() chooses one)
+        self.isolation = isolation or Isolation("none", "not chosen", IsolationConfig())
+        self.sandboxes = JobSandboxes(state_dir, self.isolation, self.users, self.server_id, secret_files)
+        self.processes = Processes(state_dir, self.server_id, warm=warm, on_exit=self._finish,
+                                   cgroup_of=self.sandboxes.cgroup,
+                                   zygote_env=server_start_env() if self.isolation.sandboxes else None)  # fmt: skip
+        self.job_tokens = JobTokens(self.store)
+        self.launcher = Launcher(self.processes, self.sandboxes, self.job_tokens, self.server_id)
+        self.tailer = EventsTailer(self.store, self.files.events, self.get)
+        self.elastic = Elastic(self.capacity, self._grants, self.gpus.owner, self.store, self.files, self.get)
+        self.usage = UsageSampler(self.active_jobs, self.processes.jobs_processes, self.sandboxes.cgroup)
         self.audit = AuditLog(self.store)
         self.team = TeamState(self.store, self.capacity, self._grants, team or TeamPolicy(), self.users,
                               self._stop_preempted, self._lock)
@@ -119,8 +129,7 @@ class JobService:
             for job in self.store.jobs(ACTIVE_STATES, newest_first=False):
                 self._grants[job.id] = dict(job.grant or {})
                 self.team.track(job)
-                for gpu in job.gpu_ids or []:
-                    self._gpu_owner[gpu] = job.id
+                self.gpus.hold(job.id, job.gpu_ids or [])
                 self.tailer.track(job.id, job.events_offset)
                 if job.workers:
                     self.elastic.track(job.id, request_of(job), job.workers)
@@ -145,10 +154,13 @@ class JobService:
         return counts
 
     def _fail_broken(self, job_id: int, missing: str) -> None:
-        error = (f"the job's files are incomplete (missing {missing} in the server's state directory): it cannot "
-                 "run; submit it again")  # fmt: skip
-        self.store.update(job_id, JobEvent.ENDED, {"error": error}, state=JobState.FAILED, failure_class="infra", error=error,
-                          ended_at=time.time(), pid=None)  # fmt: skip
+        self._fail(job_id, f"the job's files are incomplete (missing {missing} in the server's state directory): it "
+                           "cannot run; submit it again")  # fmt: skip
+
+    def _fail(self, job_id: int, error: str, failure_class: str = "infra", event: JobEvent = JobEvent.ENDED) -> None:
+        """The job ends FAILED before its runner ran, saying why."""
+        self.store.update(job_id, event, {"error": error}, state=JobState.FAILED, failure_class=failure_class,
+                          error=error, ended_at=time.time(), pid=None)  # fmt: skip
 
     def start(self) -> None:
         self._tail_thread = threading.Thread(target=self._tail_loop, daemon=True, name="tf-tailer")
@@ -378,19 +390,12 @@ class JobService:
 
     def grants(self) -> dict[int, dict[str, Any]]:
         with self._lock:
-            owners: dict[int, list[str]] = {}
-            for gpu, job_id in self._gpu_owner.items():
-                owners.setdefault(job_id, []).append(gpu)
-            return {j: {"grant": dict(g), "gpu_ids": sorted(owners.get(j, []))} for j, g in self._grants.items()}
+            owned = self.gpus.by_job()
+            return {j: {"grant": dict(g), "gpu_ids": owned.get(j, [])} for j, g in self._grants.items()}
 
     def gpu_owners(self) -> dict[str, int]:
         with self._lock:
-            return dict(self._gpu_owner)
-
-    def _gpu_ids(self) -> list[str]:
-        from trainforge._internal.devices import local_gpu_ids
-
-        return local_gpu_ids()[: int(self.capacity.get("GPU", 0))]
+            return dict(self.gpus.owner)
 
     def _start(self, job_id: int, workers: int, grant: dict[str, float]) -> None:
         job = self.get(job_id)
@@ -399,22 +404,17 @@ class JobService:
         if missing is not None:  # never a 500 or a job left QUEUED with no reason: it fails, saying why
             self._fail_broken(job_id, missing)
             return
-        want_gpus = math.ceil(grant.get("GPU", 0.0) - 1e-9)  # a fractional grant (0.5) needs one GPU to use
-        gpu_ids = [g for g in self._gpu_ids() if g not in self._gpu_owner][:want_gpus]
         try:
             self.files.write_grant(job_id, request, workers)
         except OSError as exc:  # a full disk, a state directory changed under the server
-            error = f"could not write the job's grant file: {exc}"
-            self.store.update(job_id, JobEvent.ENDED, {"error": error}, state=JobState.FAILED, failure_class="infra",
-                              error=error, ended_at=time.time())  # fmt: skip
+            self._fail(job_id, f"could not write the job's grant file: {exc}")
             return
         self.elastic.track(job_id, request, workers)
         self.files.clear_outcome(job_id)
         attempt = job.attempt + 1
         self._grants[job_id] = dict(grant)
         self.team.track(job, started_at=time.time())
-        for gpu in gpu_ids:
-            self._gpu_owner[gpu] = job_id
+        gpu_ids, tell_gpus = self.gpus.take(job_id, grant)
         self.tailer.track(job_id, job.events_offset)
         # Persisted before the runner exists: a server killed right after this finds the job by its id.
         self.store.update(
@@ -423,17 +423,16 @@ class JobService:
             started_at=time.time(), ended_at=None, exit_code=None, error=None, failure_class=None, pid=None,
         )  # fmt: skip
         crash_point("start:granted")
-        env = job_env(job_id=job_id, server_id=self.server_id, attempt=attempt, job_dir=self.job_dir(job_id),
-                      spec_env=job.spec.get("env") or {},
-                      gpu_ids=gpu_ids if want_gpus or self._gpu_ids() else None)  # fmt: skip
         try:
-            popen = self.processes.spawn(self.job_dir(job_id), env)
-        except OSError as exc:
+            popen = self.launcher.launch(job, request, job_dir=self.job_dir(job_id), attempt=attempt,
+                                         gpu_ids=gpu_ids if tell_gpus else None)  # fmt: skip
+        except (OSError, LaunchError) as exc:
             self._release(job_id)
-            self.store.update(
-                job_id, JobEvent.FAILED, {"error": str(exc)}, state=JobState.FAILED, failure_class="infra",
-                error=f"could not start the job's runner: {exc}", ended_at=time.time(),
-            )  # fmt: skip
+            self.launcher.ended(job_id)
+            if isinstance(exc, LaunchError):
+                self._fail(job_id, str(exc), exc.failure_class, JobEvent.FAILED)
+            else:
+                self._fail(job_id, f"could not start the job's runner: {exc}", event=JobEvent.FAILED)
             return
         try:
             start_time: float | None = psutil.Process(popen.pid).create_time()
@@ -449,8 +448,7 @@ class JobService:
         self._grants.pop(job_id, None)
         self.team.forget(job_id)
         self.elastic.forget(job_id)
-        for gpu in [g for g, j in self._gpu_owner.items() if j == job_id]:
-            del self._gpu_owner[gpu]
+        self.gpus.release(job_id)
 
     # -- following runners ------------------------------------------------------------------------
     def _finish(self, job_id: int, returncode: int | None, *, schedule: bool = True) -> None:
@@ -460,6 +458,7 @@ class JobService:
             return
         self.tailer.ingest(job_id)
         self.processes.kill_job(job_id)
+        self.launcher.ended(job_id)  # its credential ends with it, and its cgroup goes
         outcome = self.files.outcome(job_id)
         crash_point("finish:read")
         with self._lock:

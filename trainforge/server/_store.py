@@ -28,10 +28,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from trainforge._internal.job_events import EventType
+from trainforge._internal.state_files import open_append
 from trainforge.server._experiment_tables import EXPERIMENT_TABLES
 from trainforge.server._reader_pool import ReaderPool as _ReaderPool
 from trainforge.server._state import JobEvent, JobState
-from trainforge.server._team_tables import TEAM_TABLES
+from trainforge.server._team_tables import ISOLATION_TABLES, TEAM_TABLES
 
 # Reader connections at most. Each row SQLite steps through releases and retakes the GIL, so readers
 # at once mostly wait on each other for it: on 2 cores, 20 threads reading 50 jobs at once, each on a
@@ -82,6 +83,7 @@ _MIGRATIONS = {
     2: "ALTER TABLE jobs ADD COLUMN submission_digest TEXT",
     3: EXPERIMENT_TABLES,  # Tune experiments, their trials and decisions (trainforge.server._experiment_tables)
     4: TEAM_TABLES,  # users, jobs' owners, audit, fair-share usage, preemption (trainforge.server._team_tables)
+    5: ISOLATION_TABLES,  # users' uids, jobs' credentials (trainforge.server._team_tables)
 }
 _SCHEMA_VERSION = max(_MIGRATIONS)  # the newest migration: each adds its own key
 
@@ -163,6 +165,7 @@ class JobStore:
 
     def __init__(self, path: str, *, durable: bool = False, readers: int = READERS):
         self.path = path
+        open_append(path).close()  # 0600 first: SQLite gives its -wal and -shm files the database's mode
         self._durable = durable
         self._write_lock = threading.Lock()
         self.readers = _ReaderPool(self._connect, readers)

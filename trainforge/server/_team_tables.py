@@ -14,6 +14,15 @@
   named, if any), ``status`` (the answer), ``client`` (from where: the peer address) and ``detail``.
 - ``usage``: each user's decayed usage (``value``, dominant-share seconds) as of ``at``.
 
+Migration 5 (:data:`ISOLATION_TABLES`), the jobs' sandboxes:
+
+- ``users`` gains ``uid`` (the user's number: their jobs run as OS uid ``uid_base + uid``, see
+  :mod:`trainforge.server._isolation`; never reused, so a user re-added under a removed one's name
+  gets another) and ``os_user`` (an OS account the user's jobs run as instead, or NULL);
+- ``counters``: ``name`` -> ``value``, the last number handed out (``user_uid``);
+- ``job_tokens``: each running job's credential, as ``token_hash`` (sha256 of its secret, hex),
+  for the job ``job_id`` of ``owner``; the row goes when the job ends, and the credential with it.
+
 Statements are separated by ``;`` (the store runs them one by one): none may contain one.
 """
 
@@ -52,5 +61,20 @@ CREATE TABLE usage (
     user TEXT PRIMARY KEY,
     value REAL NOT NULL,
     at REAL NOT NULL
+)
+"""
+
+ISOLATION_TABLES = """
+ALTER TABLE users ADD COLUMN uid INTEGER;
+ALTER TABLE users ADD COLUMN os_user TEXT;
+CREATE TABLE counters (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+CREATE TABLE job_tokens (
+    job_id INTEGER PRIMARY KEY,
+    owner TEXT NOT NULL,
+    token_hash TEXT NOT NULL,
+    created_at REAL NOT NULL
 )
 """

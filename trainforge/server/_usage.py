@@ -66,12 +66,17 @@ class _Gpus:
 
 class UsageSampler:
     """Samples the jobs that ``active_jobs()`` names, whose processes ``find_processes(job_ids)``
-    finds (job id -> its live processes)."""
+    finds (job id -> its live processes). Where ``cgroup_of(job_id)`` gives the job's cgroup, its
+    totals are the cgroup's (CPU time and memory of everything in it, processes that came and went
+    between samples included: ``source`` says ``cgroup``); else the sum over its processes."""
 
     def __init__(self, active_jobs: Callable[[], list[int]],
-                 find_processes: Callable[[list[int]], dict[int, list[psutil.Process]]]):  # fmt: skip
+                 find_processes: Callable[[list[int]], dict[int, list[psutil.Process]]],
+                 cgroup_of: Callable[[int], Any] = lambda job_id: None):  # fmt: skip
         self._active_jobs = active_jobs
         self._find_processes = find_processes
+        self._cgroup_of = cgroup_of
+        self._cpu_seen: dict[int, tuple[float, float]] = {}  # job -> (monotonic time, its cgroup's CPU seconds)
         self._lock = threading.Lock()
         self._procs: dict[int, dict[int, tuple[psutil.Process, str]]] = {}  # job -> pid -> (process, role)
         self._latest: dict[int, dict[str, Any]] = {}
@@ -149,7 +154,9 @@ class UsageSampler:
                 "gpu_memory": sum(r.get("gpu_memory", 0.0) for r in rows),
                 "gpu_util": max([r.get("gpu_util", 0.0) for r in rows] or [0.0]),
                 "processes": len(rows),
+                "source": "processes",
             }
+            self._from_cgroup(job_id, total, now)
             latest[job_id] = {"t": t, "processes": sorted(rows, key=lambda r: (r["role"] != "runner", r["pid"])),
                               "total": total}  # fmt: skip
             history = self._history.setdefault(job_id, collections.deque(maxlen=HISTORY))
@@ -158,6 +165,23 @@ class UsageSampler:
             self._latest = latest
             for job_id in [j for j in self._history if j not in active]:
                 self._history.pop(job_id, None)
+            for job_id in [j for j in self._cpu_seen if j not in active]:
+                self._cpu_seen.pop(job_id, None)
+
+    def _from_cgroup(self, job_id: int, total: dict[str, Any], now: float) -> None:
+        """The job's totals from its cgroup, where it has one: CPU as the share of a core its CPU
+        time grew by since the last sample, memory (``memory``, bytes charged to it) as is."""
+        group = self._cgroup_of(job_id)
+        usage = group.usage() if group is not None else {}
+        if "cpu_s" in usage:
+            seen = self._cpu_seen.get(job_id)
+            self._cpu_seen[job_id] = (now, usage["cpu_s"])
+            if seen is not None and now > seen[0]:
+                total["cpu_percent"] = max(0.0, 100.0 * (usage["cpu_s"] - seen[1]) / (now - seen[0]))
+            total["source"] = "cgroup"
+        if "memory" in usage:
+            total["memory"] = usage["memory"]
+            total["source"] = "cgroup"
 
     def usage(self, job_id: int) -> dict[str, Any]:
         """The latest sample of a job (empty while it does not run) and its recent totals."""

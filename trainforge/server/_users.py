@@ -59,6 +59,7 @@ class Principal:
 
     name: str
     role: str
+    job_id: int | None = None  # signed in with job ``job_id``'s credential (on its owner's behalf)
 
     @property
     def is_admin(self) -> bool:
@@ -81,10 +82,12 @@ class User:
     created_at: float = 0.0
     rotated_at: float | None = None
     key_id: str = ""
+    uid: int | None = None  # the user's number: their jobs' OS uid is uid_base + uid (None: not given yet)
+    os_user: str | None = None  # an OS account their jobs run as instead
 
     def public(self) -> dict[str, Any]:
         return {"name": self.name, "role": self.role, "shares": self.shares, "quota": self.quota,
-                "created_at": self.created_at, "rotated_at": self.rotated_at}  # fmt: skip
+                "created_at": self.created_at, "rotated_at": self.rotated_at, "os_user": self.os_user}  # fmt: skip
 
 
 def check_name(name: str) -> str:
@@ -109,6 +112,29 @@ def check_user_fields(shares: float | None, quota: dict[str, float] | None) -> N
             raise ValueError(f"quota[{kind!r}]={amount!r}: give a finite amount >= 0")
 
 
+def check_os_user(os_user: str | None) -> None:
+    """An OS account a user's jobs may run as: one that exists, and not root (uid 0)."""
+    if os_user is None:
+        return
+    import pwd
+
+    try:
+        account = pwd.getpwnam(os_user)
+    except (KeyError, TypeError):
+        raise ValueError(f"os_user={os_user!r}: no such account on this machine (see /etc/passwd)") from None
+    if account.pw_uid == 0:
+        raise ValueError(f"os_user={os_user!r} is root: a job never runs as root; give the user's own account")
+
+
+def _next_uid(conn: sqlite3.Connection) -> int:
+    """Inside a write: the next user number (from 1; the admin's is 0), never one given before."""
+    row = conn.execute("SELECT value FROM counters WHERE name='user_uid'").fetchone()
+    value = (int(row[0]) if row else 0) + 1
+    conn.execute("INSERT INTO counters(name, value) VALUES ('user_uid', ?) "
+                 "ON CONFLICT(name) DO UPDATE SET value=excluded.value", (value,))  # fmt: skip
+    return value
+
+
 def _hash(salt: str, secret: str) -> str:
     return hashlib.sha256(bytes.fromhex(salt) + secret.encode()).hexdigest()
 
@@ -130,10 +156,13 @@ def _new_token() -> tuple[str, str, str, str]:
 _DUMMY_SALT = "00" * 16
 
 
-def authenticator(users: UserBook | None, admin_token: str, scrape_token: str | None = None) -> Callable[[str], Principal | None]:
+def authenticator(users: UserBook | None, admin_token: str, scrape_token: str | None = None,
+                  jobs: Callable[[str], tuple[int, str] | None] | None = None) -> Callable[[str], Principal | None]:  # fmt: skip
     """Who a request's token signs in as (the guard's ``authenticate``): ``admin_token`` (the state
-    directory's) is the built-in ``admin``, ``scrape_token`` the built-in ``scraper``, any other a
-    user of ``users`` (or nobody: None). Constant-time comparisons throughout."""
+    directory's) is the built-in ``admin``, ``scrape_token`` the built-in ``scraper``, a running
+    job's credential (``jobs(token)``: its id and owner, :mod:`trainforge.server._job_tokens`) its
+    owner as a member at most, any other a user of ``users`` (or nobody: None). Constant-time
+    comparisons throughout."""
     admin, scrape = admin_token.encode(), scrape_token.encode() if scrape_token else None
 
     def authenticate(token: str) -> Principal | None:
@@ -142,9 +171,25 @@ def authenticator(users: UserBook | None, admin_token: str, scrape_token: str | 
             return ADMIN_PRINCIPAL
         if scrape is not None and hmac.compare_digest(given, scrape):
             return SCRAPER_PRINCIPAL
+        if jobs is not None and token.startswith("tfj."):
+            job = jobs(token)
+            return _on_behalf(users, *job) if job is not None else None
         return users.verify(token) if users is not None else None
 
     return authenticate
+
+
+def _on_behalf(users: UserBook | None, job_id: int, owner: str) -> Principal | None:
+    """The principal of job ``job_id``'s credential: its owner, with their role but never above
+    ``member`` (a job never manages users); nobody once the owner is no longer a user."""
+    if owner == ADMIN:
+        role = ADMIN
+    else:
+        try:
+            role = users.get(owner).role if users is not None else ""
+        except UnknownUserError:
+            return None
+    return Principal(owner, "member" if role == ADMIN else role, job_id=job_id)
 
 
 class UserBook:
@@ -163,7 +208,8 @@ class UserBook:
     def _keep(self, row: sqlite3.Row) -> User:
         user = User(name=row["name"], role=row["role"], shares=float(row["shares"]),
                     quota=json.loads(row["quota"]) if row["quota"] else None, created_at=row["created_at"],
-                    rotated_at=row["rotated_at"], key_id=row["key_id"])  # fmt: skip
+                    rotated_at=row["rotated_at"], key_id=row["key_id"], uid=row["uid"],
+                    os_user=row["os_user"])  # fmt: skip
         with self._lock:
             old = self._users.get(user.name)
             if old is not None:
@@ -208,11 +254,14 @@ class UserBook:
         with self._lock:
             return {n: dict(u.quota) for n, u in self._users.items() if u.quota}
 
-    def add(self, name: str, role: str, *, shares: float = 1.0, quota: dict[str, float] | None = None) -> tuple[User, str]:
-        """A new user and their token (shown once: only its hash is kept)."""
+    def add(self, name: str, role: str, *, shares: float = 1.0, quota: dict[str, float] | None = None,
+            os_user: str | None = None) -> tuple[User, str]:  # fmt: skip
+        """A new user and their token (shown once: only its hash is kept), with a number never
+        given before (their jobs' uid, :mod:`trainforge.server._isolation`)."""
         check_name(name)
         check_role(role)
         check_user_fields(shares, quota)
+        check_os_user(os_user)
         if name in RESERVED:
             raise UserConflictError(f"{name!r} is a built-in user (the state directory's token is {ADMIN!r}, the "
                                     f"scrape token {SCRAPER!r}): choose another name")  # fmt: skip
@@ -223,10 +272,11 @@ class UserBook:
                 raise UserConflictError(f"user {name!r} exists: rotate their token (`trainforge server users rotate "
                                         f"{name}`) or remove them first")  # fmt: skip
             conn.execute(
-                "INSERT INTO users(name, role, key_id, salt, token_hash, shares, quota, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (name, role, key_id, salt, digest, float(shares), json.dumps(quota) if quota else None, time.time()),
-            )
+                "INSERT INTO users(name, role, key_id, salt, token_hash, shares, quota, created_at, uid, os_user) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (name, role, key_id, salt, digest, float(shares), json.dumps(quota) if quota else None, time.time(),
+                 _next_uid(conn), os_user),
+            )  # fmt: skip
             return conn.execute("SELECT * FROM users WHERE name=?", (name,)).fetchone()
 
         return self._keep(self.store.write(work)), token
@@ -239,17 +289,43 @@ class UserBook:
         return self._keep(row), token
 
     def update(self, name: str, *, role: str | None = None, shares: float | None = None,
-               quota: dict[str, float] | None = None, clear_quota: bool = False) -> User:  # fmt: skip
-        """Change a user's role, shares or quota (``clear_quota``: no quota)."""
+               quota: dict[str, float] | None = None, clear_quota: bool = False,
+               os_user: str | None = None, clear_os_user: bool = False) -> User:  # fmt: skip
+        """Change a user's role, shares, quota (``clear_quota``: no quota) or OS account
+        (``clear_os_user``: none, their jobs run as their own uid)."""
         user = self.get(name)
         if role is not None:
             check_role(role)
         check_user_fields(shares, quota)
+        check_os_user(os_user)
         new_quota = None if clear_quota else (quota if quota is not None else user.quota)
-        row = self._change(name, "role=?, shares=?, quota=?", (
+        new_os_user = None if clear_os_user else (os_user if os_user is not None else user.os_user)
+        row = self._change(name, "role=?, shares=?, quota=?, os_user=?", (
             role or user.role, float(shares if shares is not None else user.shares),
-            json.dumps(new_quota) if new_quota else None))  # fmt: skip
+            json.dumps(new_quota) if new_quota else None, new_os_user))  # fmt: skip
         return self._keep(row)
+
+    def uid(self, name: str) -> int:
+        """``name``'s number (their jobs' uid is ``uid_base`` plus it; the built-in admin's is 0),
+        given now to a user from before numbers were (never one given before)."""
+        if name == ADMIN:
+            return 0
+        user = self.get(name)
+        if user.uid is not None:
+            return user.uid
+
+        def work(conn: sqlite3.Connection) -> sqlite3.Row:
+            row = conn.execute("SELECT * FROM users WHERE name=?", (name,)).fetchone()
+            if row is None:
+                raise UnknownUserError(f"no user {name!r}")
+            if row["uid"] is None:
+                conn.execute("UPDATE users SET uid=? WHERE name=?", (_next_uid(conn), name))
+                row = conn.execute("SELECT * FROM users WHERE name=?", (name,)).fetchone()
+            return row
+
+        kept = self._keep(self.store.write(work))
+        assert kept.uid is not None
+        return kept.uid
 
     def remove(self, name: str) -> None:
         """Remove ``name``: their token stops working at once (their jobs stay, and keep their owner)."""

@@ -8,14 +8,26 @@ job's :class:`Plan`): a view of the file system, an identity, cgroups.
 - ``bwrap``: the same plan as a bubblewrap command line, for a server that is not root;
 - ``cgroups``: :class:`Hierarchies` (what the host mounts, by role) and :class:`JobCgroup`
   (create with limits, kill everything in it, usage, remove);
+- ``probe``: whether this host can build either kind (:func:`in_process_problem`,
+  :func:`bwrap_problem`);
 - ``linux``: the system calls, through ctypes.
 """
 
+from trainforge._internal.sandbox.bwrap import available as bwrap_available
+from trainforge._internal.sandbox.bwrap import command as bwrap_command
 from trainforge._internal.sandbox.cgroups import Hierarchies, JobCgroup
-from trainforge._internal.sandbox.enter import ENV_PLAN, enter, enter_from_environment, join_cgroups
+from trainforge._internal.sandbox.enter import (
+    ENV_JOB_CGROUPS,
+    ENV_PLAN,
+    enter,
+    enter_from_environment,
+    join_cgroups,
+)
 from trainforge._internal.sandbox.plan import Bind, Plan
+from trainforge._internal.sandbox.probe import bwrap_problem, in_process_problem
 
 __all__ = [
+    "ENV_JOB_CGROUPS",
     "ENV_PLAN",
     "Bind",
     "Hierarchies",
@@ -24,4 +36,8 @@ __all__ = [
     "enter",
     "enter_from_environment",
     "join_cgroups",
+    "bwrap_available",
+    "bwrap_command",
+    "bwrap_problem",
+    "in_process_problem",
 ]

@@ -15,6 +15,7 @@ import os
 import shutil
 
 from trainforge._internal.sandbox.plan import DEV, PROC, TMPFS, Plan
+from trainforge._internal.sandbox.view import gpu_devices
 
 BWRAP = "bwrap"
 
@@ -42,8 +43,10 @@ def command(plan: Plan, argv: list[str], *, chdir: str, info_fd: int | None = No
             args += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
         elif kind == PROC:
             args += ["--proc", path]
-        elif kind == DEV:  # the host's devices, as the in-process view has them (GPUs included)
-            args += ["--dev-bind", path, path]
+        elif kind == DEV:  # the usual devices, and the host's GPUs, as the in-process view has them
+            args += ["--dev", path]
+            for device in gpu_devices():
+                args += ["--dev-bind", device, device]
         elif kind == TMPFS:
             args += ["--tmpfs", path]
     args += ["--chdir", chdir, "--", *argv]

@@ -205,14 +205,14 @@ class JobCgroup:
                     if key == "usage_usec" and value.strip().isdigit():
                         out["cpu_s"] = int(value) / 1e6
             else:
-                value = _read(os.path.join(directory, "cpuacct.usage"))
-                if value and value.isdigit():
-                    out["cpu_s"] = int(value) / 1e9
+                nanoseconds = _read(os.path.join(directory, "cpuacct.usage"))
+                if nanoseconds and nanoseconds.isdigit():
+                    out["cpu_s"] = int(nanoseconds) / 1e9
         if memory is not None:
             name = "memory.current" if memory.version == 2 else "memory.usage_in_bytes"
-            value = _read(os.path.join(memory.directory(self.relative), name))
-            if value and value.isdigit():
-                out["memory"] = float(value)
+            charged = _read(os.path.join(memory.directory(self.relative), name))
+            if charged and charged.isdigit():
+                out["memory"] = float(charged)
         return out
 
     def remove(self) -> None:

@@ -18,6 +18,7 @@ from trainforge._internal.sandbox import linux, view
 from trainforge._internal.sandbox.plan import Plan
 
 ENV_PLAN = "TRAINFORGE_SANDBOX_PLAN"  # a fresh runner's plan (JSON), removed from its environment once read
+ENV_JOB_CGROUPS = "TRAINFORGE_JOB_CGROUPS"  # an unsandboxed job's cgroups (os.pathsep-separated): joined at start
 
 
 def join_cgroups(directories: tuple[str, ...], pid: int = 0) -> None:
@@ -46,10 +47,18 @@ def enter(plan: Plan) -> None:
 
 
 def enter_from_environment() -> bool:
-    """In a process started fresh with ``$TRAINFORGE_SANDBOX_PLAN``: enter that plan (the variable is
-    removed first). False if there is none."""
+    """In a job's first process, started fresh: with ``$TRAINFORGE_SANDBOX_PLAN``, enter that plan
+    (a plan without a uid: the process is in bubblewrap's sandbox already) and take its ``env``
+    as the environment; else join ``$TRAINFORGE_JOB_CGROUPS``, if set. True if it entered a plan."""
     text = os.environ.pop(ENV_PLAN, None)
     if not text:
+        groups = os.environ.get(ENV_JOB_CGROUPS)
+        if groups:
+            join_cgroups(tuple(groups.split(os.pathsep)))
         return False
-    enter(Plan.from_json(text))
+    plan = Plan.from_json(text)
+    if plan.uid is not None:
+        enter(plan)
+    os.environ.clear()
+    os.environ.update(plan.env)
     return True

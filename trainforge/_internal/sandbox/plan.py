@@ -13,7 +13,9 @@ A plan is an allowlist. The process sees a new root holding only:
   job's own directory inside it bound again.
 
 Then it becomes ``uid``/``gid`` (with ``groups``; None: stays who it is, as in a user namespace),
-after joining ``cgroups`` (directories whose ``cgroup.procs`` takes its pid).
+after joining ``cgroups`` (directories whose ``cgroup.procs`` takes its pid), and only then takes
+``env``, the job's environment: nothing the job chose (``LD_PRELOAD``, ``PYTHONPATH``, ...) touches
+the process while it is still root.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Plan:
     in-process way; bubblewrap builds its own). ``home``: the job's ``$HOME`` (one of the binds).
     """
 
-    binds: tuple[Bind, ...]
+    binds: tuple[Bind, ...] = ()
     masks: tuple[str, ...] = ()
     uid: int | None = None
     gid: int | None = None
@@ -52,6 +54,7 @@ class Plan:
     cgroups: tuple[str, ...] = ()
     root: str = ""
     home: str = ""
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for bind in self.binds:

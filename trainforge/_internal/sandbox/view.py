@@ -8,7 +8,9 @@ process forked from the warm pool can enter it without an ``exec``.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import stat
 
 from trainforge._internal.sandbox import linux
 from trainforge._internal.sandbox.plan import DEV, PROC, TMPFS, Plan
@@ -31,8 +33,7 @@ def build(plan: Plan) -> None:
             _mkdirs(inside)
             _mount_proc(inside)
         elif kind == DEV:
-            _mkdirs(inside)
-            linux.mount("/dev", inside, None, linux.MS_BIND | linux.MS_REC)
+            _make_dev(inside)
         elif kind == TMPFS:
             _mkdirs(inside)
             linux.mount("tmpfs", inside, "tmpfs", _TMPFS_FLAGS, "mode=1777")
@@ -72,6 +73,43 @@ def _mask(path: str, inside: str) -> None:
     elif os.path.lexists(inside):
         linux.mount("/dev/null", inside, None, linux.MS_BIND)
         linux.mount(None, inside, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
+
+
+# The devices a process may expect (major, minor), made anew with mode 0666 (the host's may be
+# root's alone); GPU device files are the host's, bound in (GPU_DEVICES).
+_DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
+_DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+              "stderr": "/proc/self/fd/2", "ptmx": "pts/ptmx"}  # fmt: skip
+
+
+def gpu_devices() -> list[str]:
+    """The host's GPU device files (NVIDIA's, and DRI's): what a job's ``/dev`` gets of the host's."""
+    out = []
+    for pattern in ("nvidia*", "nvidia-caps/*", "dri/*"):
+        out += glob.glob(os.path.join("/dev", pattern))
+    return sorted(p for p in out if not os.path.isdir(p))
+
+
+def _make_dev(inside: str) -> None:
+    """A ``/dev`` of its own: a tmpfs with the usual character devices (0666), the usual links, a
+    new ``devpts`` (where the kernel allows one) and the host's GPU devices bound in. Nothing else of
+    the host's devices (its disks) is there."""
+    _mkdirs(inside)
+    linux.mount("tmpfs", inside, "tmpfs", linux.MS_NOSUID, "mode=0755")
+    for name, (major, minor) in _DEVICES.items():
+        path = os.path.join(inside, name)
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        os.chmod(path, 0o666)  # whatever the umask
+    for name, target in _DEV_LINKS.items():
+        os.symlink(target, os.path.join(inside, name))
+    os.mkdir(os.path.join(inside, "pts"), 0o755)
+    with contextlib.suppress(OSError):
+        linux.mount("devpts", os.path.join(inside, "pts"), "devpts", linux.MS_NOSUID | linux.MS_NOEXEC,
+                    "newinstance,ptmxmode=0666,mode=620")  # fmt: skip
+    for device in gpu_devices():
+        target = inside + device
+        _touch(target)
+        linux.mount(device, target, None, linux.MS_BIND)
 
 
 def _mount_proc(inside: str) -> None:

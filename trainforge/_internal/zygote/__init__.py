@@ -23,6 +23,7 @@ This package is the zygote's interface (what its users import); its parts:
 - ``child``: what a forked child does to become ``python -m module`` as far as the job can tell.
 """
 
+from trainforge._internal.zygote.child import STARTUP_VARS
 from trainforge._internal.zygote.client import ZygoteChild, ZygoteUnavailable, spawn
 from trainforge._internal.zygote.launcher import launch, socket_path
 from trainforge._internal.zygote.mark import MARK_LEN, MARK_VAR
@@ -32,6 +33,7 @@ __all__ = [
     "ENV_ZYGOTE",
     "MARK_LEN",
     "MARK_VAR",
+    "STARTUP_VARS",
     "SpawnRequest",
     "ZygoteChild",
     "ZygoteUnavailable",

@@ -50,8 +50,13 @@ def list_users(service: Service) -> list[UserOut]:
              responses={409: {"description": "a user of that name exists, or the name is built in"}})  # fmt: skip
 def add_user(service: Service, body: UserIn) -> UserTokenOut:
     """A new user and their token: shown once, in this answer (only its hash is kept)."""
+    refusal = service.isolation.refusal(1) if body.role != "admin" else None
+    if refusal is not None:
+        raise HTTPException(409, refusal.replace("this server has 1 user(s) besides the admin", f"adding {body.role} "
+                                                 f"{body.name!r} would make this a server with users"))  # fmt: skip
     try:
-        user, token = service.users.add(body.name, body.role, shares=body.shares, quota=body.quota)
+        user, token = service.users.add(body.name, body.role, shares=body.shares, quota=body.quota,
+                                        os_user=body.os_user)  # fmt: skip
     except UserConflictError as exc:
         raise HTTPException(409, str(exc)) from None
     except ValueError as exc:
@@ -65,7 +70,8 @@ def change_user(service: Service, name: UserPath, body: UserPatchIn) -> UserOut:
     """Change a user's role, fair-share weight or quota (``quota: {}`` removes it)."""
     try:
         user = service.users.update(name, role=body.role, shares=body.shares, quota=body.quota or None,
-                                    clear_quota=body.quota == {})  # fmt: skip
+                                    clear_quota=body.quota == {}, os_user=body.os_user or None,
+                                    clear_os_user=body.os_user == "")  # fmt: skip
     except LookupError as exc:
         raise HTTPException(404, str(exc)) from None
     except ValueError as exc:

@@ -1,0 +1,85 @@
+"""Launching a granted job's runner: its environment, its sandbox and credential (on a server with
+users), its cgroup, then the process (:meth:`Processes.spawn`). What :meth:`JobService._start`
+does once the scheduler granted a job and the grant is recorded.
+
+A job on a single-user server runs as today: the server's user and environment, in a cgroup of its
+own where the server can make one. A job on a server with users is sandboxed
+(:mod:`trainforge.server._sandboxes`): its environment is built, not inherited, and carries its own
+credential (:mod:`trainforge.server._job_tokens`) and the server's address instead of any token of
+the server's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+
+from trainforge._internal import sandbox, zygote
+from trainforge.server._config import ENV_ADDRESS, ENV_TOKEN
+from trainforge.server._job_tokens import JobTokens
+from trainforge.server._processes import Processes, job_env
+from trainforge.server._sandboxes import JobSandboxes, server_start_env
+from trainforge.server._scheduler import JobRequest
+from trainforge.server._store import JobRow
+
+
+class LaunchError(Exception):
+    """The job cannot start (before its runner exists): why, and whose fault (``user_error`` or
+    ``infra``)."""
+
+    def __init__(self, message: str, failure_class: str = "infra"):
+        super().__init__(message)
+        self.failure_class = failure_class
+
+
+@dataclasses.dataclass
+class Launcher:
+    """What starting a runner needs of the server: its processes, its sandboxes, the jobs'
+    credentials, its id and (once it serves) its URL."""
+
+    processes: Processes
+    sandboxes: JobSandboxes
+    tokens: JobTokens
+    server_id: str
+    url: str = ""
+
+    def launch(self, job: JobRow, request: JobRequest, *, job_dir: str, attempt: int,
+               gpu_ids: list[str] | None) -> subprocess.Popen[bytes] | zygote.ZygoteChild:  # fmt: skip
+        """Start job ``job``'s runner (attempt ``attempt``, with ``gpu_ids``: None when the machine
+        has none to share out). :class:`LaunchError` if it cannot; OSError from the spawn itself."""
+        spec_env = job.spec.get("env") or {}
+
+        def env_of(base: dict[str, str] | None) -> dict[str, str]:
+            return job_env(job_id=job.id, server_id=self.server_id, attempt=attempt, job_dir=job_dir,
+                           spec_env=spec_env, gpu_ids=gpu_ids, base=base)  # fmt: skip
+
+        group = self.sandboxes.cgroup(job.id)
+        if not self.sandboxes.active():
+            env = env_of(None)
+            if group is not None:
+                try:
+                    group.create()
+                except OSError:  # containment is a bonus here: the job runs without a cgroup
+                    group = None
+            if group is not None:
+                env[sandbox.ENV_JOB_CGROUPS] = os.pathsep.join(group.directories)
+            return self.processes.spawn(job_dir, env)
+        memory = request.request(request.upper_workers).get("memory")
+        try:
+            plan, who = self.sandboxes.prepare(job, job_dir, memory_max=int(memory) if memory else None)
+        except LookupError as exc:  # its owner was removed since it was queued
+            raise LaunchError(f"the job's owner {job.owner!r} is no longer a user of this server ({exc}): an admin "
+                              "may resubmit it", "user_error") from None  # fmt: skip
+        except (OSError, KeyError, ValueError) as exc:
+            raise LaunchError(f"could not prepare the job's sandbox: {exc}") from None
+        env = env_of(self.sandboxes.base_env(who))
+        env[ENV_ADDRESS] = self.url
+        env[ENV_TOKEN] = self.tokens.issue(job.id, job.owner)
+        return self.processes.spawn(job_dir, env, plan=dataclasses.replace(plan, env=env), start_env=server_start_env())
+
+    def ended(self, job_id: int) -> None:
+        """The job's runner is gone and its processes killed: its credential stops working, its
+        cgroup goes."""
+        self.tokens.revoke(job_id)
+        self.processes.forget_cgroup(job_id)
