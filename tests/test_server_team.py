@@ -126,6 +126,7 @@ def test_a_quota_holds_a_users_third_job_while_another_users_job_starts(tmp_path
         assert "ann" in _cli("server", "users", "list", *state)
         script, gate = tmp_path / "wait.py", str(tmp_path / "gate")
         script.write_text(GATE_SCRIPT)
+        tmp_path.chmod(0o755)  # the members' jobs run as their own uids (sandboxed): they read the script as others
         spec = {"kind": "script", "path": str(script), "args": [gate], "per_worker": {"CPU": 1.0}}
         as_ann, as_bob = Client(server.url, token=ann), Client(server.url, token=bob)
         anns = [as_ann.submit({**spec, "name": f"ann-{i}"}) for i in range(3)]

@@ -81,6 +81,9 @@ def add_commands(sub: Any) -> None:
     submit.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                         help="a configuration value to record with the job (JSON or text; the dashboard's "
                              "compare page groups jobs by it); repeatable")
+    submit.add_argument("--storage", action="append", default=[], metavar="DIR",
+                        help="a directory the job writes its runs to (writable in its sandbox on a server with "
+                             "users; its RunConfig.storage_path); repeatable")  # fmt: skip
     submit.add_argument("--no-wait", action="store_true", help="return once queued")
     _address(submit)
     submit.set_defaults(func=_submit)
@@ -305,6 +308,8 @@ def _submit(args: Any) -> int:
         "max_retries": args.max_retries, "env": env, "cwd": os.getcwd(), "args": list(args.args),
         "sys_path": [os.getcwd()], "config": config, "preemptible": args.preemptible,
     }  # fmt: skip
+    if args.storage:
+        spec["storage"] = [os.path.abspath(os.path.expanduser(p)) for p in args.storage]
     if high is not None:
         spec["max_workers"] = high
     if target.endswith(".py") or os.path.isfile(target):

@@ -137,8 +137,12 @@ def _prepare(job_dir: str, job_id: str | None) -> dict[str, Any]:
         except (OSError, TypeError, ValueError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else str(exc)
             raise _NotStarted(f"cannot run in the job's working directory (cwd) {cwd!r}: {why}. Submit it with a cwd "
-                              "that exists on the server's machine and that the server's user may enter "
+                              f"that exists on the server's machine and that {_who()} may enter "
                               "(`trainforge submit` sends the directory it is run in)", "user_error") from None  # fmt: skip
+    path = spec.get("path")
+    if spec["kind"] == "script" and isinstance(path, str) and not os.access(path, os.R_OK):
+        why = "it is not there" if not os.path.exists(path) else "permission denied"
+        raise _NotStarted(f"cannot read the job's script {path!r} ({why}): it must be readable by {_who()}", "user_error")
     sys_path = spec.get("sys_path") or []
     if not isinstance(sys_path, list) or not all(isinstance(e, str) for e in sys_path):
         raise _NotStarted(f"the job's sys_path is {sys_path!r}: give a list of directories", "user_error")
@@ -162,6 +166,16 @@ def _confine(job_dir: str) -> dict[str, Any] | None:
         return {"status": "failed", "failure_class": "infra", "exit_code": 1,
                 "error": f"could not enter the job's sandbox: {exc}"}  # fmt: skip
     return None
+
+
+def _who() -> str:
+    """Who the job runs as, for an error that says what to change."""
+    user = os.environ.get("USER")
+    if user and os.environ.get("TRAINFORGE_TOKEN", "").startswith("tfj."):  # in a server's sandbox
+        return (f"this job's user (it runs sandboxed, as uid {os.getuid()}, {user}'s: it sees only what any user of "
+                "the server's machine may read, or what is its own; an admin can map a user to their own account "
+                f"with `trainforge server users set {user} --os-user LOGIN`)")  # fmt: skip
+    return "the server's user"
 
 
 def main(job_dir: str) -> int:

@@ -86,6 +86,10 @@ class JobSpecIn(BaseModel):
     args: list[Annotated[str, Field(max_length=65536)]] = Field(default_factory=list, max_length=1000)
     cwd: str | None = Field(default=None, min_length=1, max_length=4096)
     sys_path: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=100)
+    storage: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        default_factory=list, max_length=16, description=(
+            "directories the job writes its runs to (trainer.submit() sends RunConfig.storage_path): on a "
+            "server with users they are writable in the job's sandbox, as far as its user may write them"))
     env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
               Annotated[str, Field(max_length=65536)]] = Field(default_factory=dict)  # fmt: skip
     workers: int = Field(default=1, ge=1, le=100_000)
@@ -118,6 +122,13 @@ class JobSpecIn(BaseModel):
     def _no_nul(cls, v: str | None) -> str | None:
         if v is not None and "\0" in v:
             raise ValueError("must not contain NUL characters")
+        return v
+
+    @field_validator("storage", "sys_path")
+    @classmethod
+    def _no_nul_in_paths(cls, v: list[str]) -> list[str]:
+        if any("\0" in p for p in v):
+            raise ValueError("paths must not contain NUL characters")
         return v
 
 

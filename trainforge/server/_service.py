@@ -85,7 +85,7 @@ class JobService:
         self.started_at = time.time()
         self.users = UserBook(self.store)
         # None (a service made by hand, as unit tests do): no sandbox, no cgroup (serve() chooses one)
-        self.isolation = isolation or Isolation("none", "not chosen", IsolationConfig())
+        self.isolation = isolation or Isolation("none", "not chosen", IsolationConfig(mode="off"))
         self.sandboxes = JobSandboxes(state_dir, self.isolation, self.users, self.server_id, secret_files)
         self.processes = Processes(state_dir, self.server_id, warm=warm, on_exit=self._finish,
                                    cgroup_of=self.sandboxes.cgroup,

@@ -43,6 +43,9 @@ def _scaling_spec(trainer: Any) -> dict[str, Any]:
     }
     if scaling.max_workers != scaling.min_workers:
         spec["max_workers"] = scaling.max_workers
+    storage = getattr(getattr(trainer, "run_config", None), "storage_path", None)
+    if isinstance(storage, str) and "://" not in storage:  # where its runs go: writable in its sandbox
+        spec["storage"] = [os.path.abspath(os.path.expanduser(storage))]
     config = flat_config(getattr(trainer, "train_loop_config", None) or {})
     if config:
         spec["config"] = config
