@@ -12,7 +12,11 @@ schedules and recovers jobs, against a local ``fit()`` of the same job and again
    --no-wait`` (CLI, clock started before the command) and ``POST /api/jobs/`` (what the Ray SDK sends)
    of a script that runs the same trainer with a local ``fit()``, on a Ray instance this benchmark starts
    (``ray start --head --include-dashboard=true``, 2 CPUs, 127.0.0.1 only). Goals: fresh processes <=
-   fit() + 0.5 s; warm pool <= 0.5x fit() ("well under a cold fit()").
+   fit() + 0.5 s; warm pool <= 0.5x fit() ("well under a cold fit()"). Then the same submissions by a
+   member of a server with users (``--parts sandbox``: the job sandboxed, issue 34), warm and fresh,
+   side by side with the admin's unsandboxed ones from the same run: goal, the sandbox adds <= 50 ms to
+   a fresh start; and the median time between two of rank 0's reports (a report every step), with and
+   without the sandbox: goal, the same.
 2. freed capacity -> next queued job's runner started: capacity CPU=2, a chain of script jobs asking 2
    CPUs each; from job N's ``ended`` event (its grant released) to job N+1's ``running`` event (its runner
    process exists), and from the moment N's runner process exited (seen through a pidfd). Goal <= 100 ms.
@@ -83,7 +87,8 @@ if TYPE_CHECKING:
     from trainforge._testing.server import TrainServer
 
 DEFAULT_JSON = os.path.join(BENCH_DIR, "results", "server.json")
-PARTS = ("submit", "handoff", "burst", "decide", "restart", "load")
+PARTS = ("submit", "sandbox", "handoff", "burst", "decide", "restart", "load")
+GOAL_SANDBOX_FRESH_MS = 50.0  # what a job's sandbox may add to a fresh start
 
 GOAL_SUBMIT_EXTRA_S = 0.5  # server submit -> first step, at most local fit() + this
 GOAL_WARM_FRACTION = 0.5  # with the warm pool, "well under a cold fit()": at most this fraction of it
@@ -117,7 +122,7 @@ def bench_loop(config: dict) -> None:
             time.sleep(config["sleep_s"])
 
 
-def make_trainer(storage_path: str, steps: int, sleep_s: float = 0.0, name: str | None = None) -> Any:
+def make_trainer(storage_path: str | None, steps: int, sleep_s: float = 0.0, name: str | None = None) -> Any:
     from trainforge import DataParallelTrainer, RunConfig, ScalingConfig
 
     # executor="local" everywhere: under Ray Jobs $RAY_ADDRESS is set, which would pick the Ray executor.
@@ -136,7 +141,8 @@ def run_variant_here(args: argparse.Namespace) -> None:
     import trainforge  # noqa: F401 (the import is part of neither clock)
 
     t_import = time.time() - t_import0
-    trainer = make_trainer(os.path.join(args.workdir, "runs"), args.steps)
+    # A sandboxed job writes its runs to its user's home (the benchmark's directory is not its to write).
+    trainer = make_trainer(None if args.sandboxed else os.path.join(args.workdir, "runs"), args.steps)
     out: dict[str, Any] = {"variant": args.variant, "t_proc": t_proc, "import_s": t_import, "pid": os.getpid()}
     if args.variant == "fit":
         out["t0"] = time.time()
@@ -159,6 +165,8 @@ def run_variant_here(args: argparse.Namespace) -> None:
         out["job_id"] = job.id
         out["first_step_t"] = result.metrics_history[0]["t"]
         out["reports"] = len(result.metrics_history)
+        times = [m["t"] for m in result.metrics_history]
+        out["step_ms"] = statistics.median(b - a for a, b in zip(times, times[1:], strict=False)) * 1e3 if len(times) > 1 else None
         out["client_output"] = sink.getvalue()[-2000:]
     else:
         raise SystemExit(f"unknown variant {args.variant!r}")
@@ -459,6 +467,57 @@ def part_submit(args: argparse.Namespace, work: str, env: dict[str, str], server
     if ray is not None:
         res["ray_processes_killed"] = len(ray.stop())
     return res
+
+
+def part_sandbox(args: argparse.Namespace, work: str, env: dict[str, str], servers: list[TrainServer]) -> dict:
+    """Part 1's submission by a member of a server with users (sandboxed) and by the admin of one
+    without (not), warm and fresh, interleaved in one run: first step and the time between reports."""
+    from trainforge._testing.wait import wait_until
+
+    variants = {"plain_warm": (), "plain_fresh": ("--no-warm",), "sandboxed_warm": (), "sandboxed_fresh": ("--no-warm",)}
+    started: dict[str, tuple[TrainServer, dict[str, str], list[str]]] = {}
+    for name, extra in variants.items():
+        state = os.path.join(work, f"server-{name}")
+        srv = new_server(state, "CPU=2", env, extra=extra)
+        servers.append(srv)
+        srv.start(require_url=True)
+        driver_env = {**env, "TRAINFORGE_SERVER_DIR": state}
+        flags = ["--url", srv.url or ""]
+        if name.startswith("sandboxed"):
+            out = subprocess.run([sys.executable, "-m", "trainforge", "server", "users", "add", "bench", "--role",
+                                  "member", "--state-dir", state], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+            token = re.search(r"(tfu\.\S+)", out.stdout)
+            if token is None:
+                raise RuntimeError(f"users add failed: {out.stdout}{out.stderr}")
+            driver_env = {**env, "TRAINFORGE_ADDRESS": srv.url or "", "TRAINFORGE_TOKEN": token.group(1)}
+            flags.append("--sandboxed")
+        if not extra:
+            with srv.http() as http, contextlib.suppress(TimeoutError):
+                wait_until(lambda http=http: http.get("/health").json()["warm_pool"]["ready"], 60, "the warm pool",
+                           interval=0.05)  # fmt: skip
+        started[name] = (srv, driver_env, flags)
+        warmup = _run_driver("submit", work, args, driver_env, flags)  # each server's first job: off the clock
+        if "error" in warmup:
+            raise RuntimeError(f"{name}: {warmup['error']}\n{warmup.get('output_tail', '')[-1500:]}")
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
+    for rep in range(args.repeats):
+        for name, (_srv, driver_env, flags) in started.items():
+            if args.idle_wait > 0:
+                wait_for_idle(args.idle_wait)
+            print(f"  [{rep + 1}/{args.repeats}] sandbox: {name} ...", file=sys.stderr, flush=True)
+            run = _run_driver("submit", work, args, driver_env, flags)
+            if "error" in run:
+                print(f"  !! {name} failed: {run['error']}\n{run.get('output_tail', '')[-1500:]}", file=sys.stderr,
+                      flush=True)  # fmt: skip
+            runs[name].append(run)
+    for srv, _, _ in started.values():
+        srv.stop(15, kill_after=True)
+    first = {name: median(r.get("first_step_s") for r in rs) for name, rs in runs.items()}
+    step = {name: median(r.get("step_ms") for r in rs) for name, rs in runs.items()}
+    return {"runs": runs, "median_first_step_s": first, "median_step_ms": step,
+            "sandbox_cost_ms": {kind: None if first[f"sandboxed_{kind}"] is None or first[f"plain_{kind}"] is None
+                                else (first[f"sandboxed_{kind}"] - first[f"plain_{kind}"]) * 1e3
+                                for kind in ("warm", "fresh")}}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------
@@ -952,6 +1011,19 @@ def table(data: dict) -> tuple[list[str], list[list[str]]]:
                 continue
             rows.append([f"  vs Ray Jobs ({label})", _f(srv, ".3f"), f"{ray:.3f}",
                          f"{_f(None if srv is None else srv / ray, '.2f')}x", "-"])  # fmt: skip
+    sb = data.get("sandbox")
+    if sb:
+        first, step, cost = sb["median_first_step_s"], sb["median_step_ms"], sb["sandbox_cost_ms"]
+        for kind in ("fresh", "warm"):
+            extra = cost.get(kind)
+            ok = None if extra is None else extra <= GOAL_SANDBOX_FRESH_MS if kind == "fresh" else None
+            rows.append([f"submit -> first step, sandboxed member's job, {kind} (s)", _f(first.get(f'sandboxed_{kind}'), '.3f'),
+                         f"admin's, unsandboxed {_f(first.get(f'plain_{kind}'), '.3f')}",
+                         f"{'+' if (extra or 0) >= 0 else ''}{_f(extra, '.0f')} ms"
+                         + (f" (goal <= +{GOAL_SANDBOX_FRESH_MS:.0f} ms)" if kind == "fresh" else ""), status(ok)])  # fmt: skip
+        for kind in ("warm", "fresh"):
+            rows.append([f"  time between two reports, sandboxed, {kind} (ms)", _f(step.get(f'sandboxed_{kind}'), '.2f'),
+                         f"unsandboxed {_f(step.get(f'plain_{kind}'), '.2f')}", "(informational)", "-"])  # fmt: skip
     h = data.get("handoff")
     if h:
         v = h["median"]["ended_to_running_ms"]
@@ -1113,6 +1185,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
+    p.add_argument("--sandboxed", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.variant:
         run_variant_here(args)
@@ -1142,6 +1215,7 @@ def main(argv: list[str] | None = None) -> int:
     errors: dict[str, str] = {}
     runners = {
         "submit": lambda: part_submit(args, work, env, servers, rays),
+        "sandbox": lambda: part_sandbox(args, work, env, servers),
         "handoff": lambda: part_handoff(args, work, env, servers),
         "burst": lambda: part_burst(args, work, env, servers),
         "decide": lambda: part_decide(args, work, env, servers),
@@ -1149,7 +1223,7 @@ def main(argv: list[str] | None = None) -> int:
         "load": lambda: part_load(args, work, env, servers),
     }
     part_s: dict[str, float] = {}
-    data["settings"] = {k: v for k, v in vars(args).items() if k not in ("variant", "out", "workdir", "url")}
+    data["settings"] = {k: v for k, v in vars(args).items() if k not in ("variant", "out", "workdir", "url", "sandboxed")}
     try:
         for part in parts:
             print(f"part {part} ...", file=sys.stderr, flush=True)

@@ -6,8 +6,10 @@
 #   bash scripts/setup.sh [dev]       the pinned dev set (requirements-dev.txt): + Ray, moto, s3fs,
 #                                     pytest, ruff, mypy, Playwright; what scripts/test.sh (and CI) need.
 #                                     Also Debian's chromium (/usr/bin/chromium, which the browser tests
-#                                     launch: Playwright's own browser download is never used), with
-#                                     apt-get when run as root; checked on every run, stamp or not.
+#                                     launch: Playwright's own browser download is never used) and
+#                                     bubblewrap (/usr/bin/bwrap: the job sandbox of a server that is not
+#                                     root, whose tests run it), with apt-get when run as root; checked on
+#                                     every run, stamp or not.
 # Each profile has a stamp in .venv (.trainforge-quickstart, .trainforge-installed for dev) holding a
 # hash of its requirements and pyproject.toml. dev includes quickstart: after test.sh, digits.sh
 # installs nothing; after digits.sh, test.sh installs only the rest.
@@ -21,21 +23,26 @@ case "$profile" in
 esac
 digest() { cat "$1" pyproject.toml | sha256sum | cut -d' ' -f1; }
 installed() { [ -f "$2" ] && [ "$(cat "$2")" = "$(digest "$1")" ]; }  # installed REQUIREMENTS STAMP
-ensure_chromium() {
-  [ -x /usr/bin/chromium ] && return 0
+ensure_debian_packages() {  # chromium (the browser tests), bubblewrap (the job sandbox's userns tests)
+  missing=()
+  [ -x /usr/bin/chromium ] || missing+=(chromium)
+  [ -x /usr/bin/bwrap ] || missing+=(bubblewrap)
+  [ "${#missing[@]}" = 0 ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "setup: installing Debian's chromium with apt-get (the browser tests launch /usr/bin/chromium)"
+    echo "setup: installing Debian's ${missing[*]} with apt-get (the browser tests launch /usr/bin/chromium;"\
+         "the job sandbox's tests run /usr/bin/bwrap)"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "setup: /usr/bin/chromium is missing; the browser tests launch Debian's Chromium. On Debian, run:" >&2
-    echo "  sudo apt-get update && sudo apt-get install -y chromium" >&2
+    echo "setup: missing ${missing[*]}: the browser tests launch Debian's Chromium, the job sandbox's tests" \
+         "bubblewrap. On Debian, run:" >&2
+    echo "  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
     exit 1
   fi
 }
 PYTHON="${PYTHON:-python3}"
 if [ "$profile" = dev ]; then
-  ensure_chromium
+  ensure_debian_packages
 fi
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($PYTHON --version)"

@@ -61,6 +61,10 @@ def add_commands(sub: Any) -> None:
     _command(ssub, "status", _server_status, "is a server running, where, with which jobs", _state_dir, _json)
     stop = _command(ssub, "stop", _server_stop, "stop the server (running jobs go on unless --stop-jobs)", _state_dir)
     stop.add_argument("--stop-jobs", action="store_true", help="stop every running job first")
+    doctor = ssub.add_parser("doctor", help="how this host would keep a team's jobs apart, checked by running one")
+    doctor.add_argument("--job-isolation", choices=("auto", "uid", "userns", "off"), default="auto",
+                        help="the mode to check (default: what `server start` would choose)")  # fmt: skip
+    doctor.set_defaults(func=_server_doctor)
     add_team_commands(sub, ssub, _address)
 
     submit = sub.add_parser("submit", help="queue a job: a script, or module:function returning a trainer")
@@ -186,6 +190,12 @@ def _server_start(args: Any) -> int:
 
     serve(config)
     return 0
+
+
+def _server_doctor(args: Any) -> int:
+    from trainforge.server._doctor import doctor
+
+    return doctor(args.job_isolation)
 
 
 def _server_info(args: Any) -> tuple[str, dict[str, Any] | None]:

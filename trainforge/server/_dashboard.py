@@ -113,10 +113,12 @@ def actions(job: dict[str, Any], caller: Principal | None = None) -> str:
     return "".join(f'<button class="act" data-act="{a}" data-job="{jid}">{label}</button>' for a, label in out)
 
 
-def usage_text(total: dict[str, float] | None) -> str:
+def usage_text(total: dict[str, Any] | None) -> str:
+    """A job's usage in a few words: CPU, and memory (what its cgroup is charged, where it has one;
+    else its processes' resident memory)."""
     if not total:
         return ""
-    text = f"CPU {total['cpu_percent']:.0f}% · {fmt_bytes(total['rss'])}"
+    text = f"CPU {total['cpu_percent']:.0f}% · {fmt_bytes(total.get('memory', total['rss']))}"
     if total.get("gpu_memory"):
         text += f" · GPU {fmt_bytes(total['gpu_memory'])}, {total.get('gpu_util', 0):.0f}%"
     return text

@@ -89,7 +89,7 @@ class JobSandboxes:
         self.secret_files = tuple(os.path.abspath(p) for p in secret_files)
         self.homes = os.path.join(state_dir, HOMES_DIR)
         self.root = os.path.join(state_dir, ROOT_DIR)
-        self._python = _python_paths()
+        self._python = python_paths()
 
     def active(self) -> bool:
         """Jobs start sandboxed now: the server can, and has users (a single-user server does not)."""
@@ -180,7 +180,7 @@ def server_start_env() -> dict[str, str]:
     return env
 
 
-def _python_paths() -> list[str]:
+def python_paths() -> list[str]:
     """What this Python needs to run trainforge: its prefixes, its library directories, every
     ``sys.path`` entry but the current directory, the checkout an editable install points to, and
     ``$PYTHONPATH``."""
