@@ -27,7 +27,9 @@ that a miss is never an opening (a change: ``unlisted``).
 
 Beyond the table, ``job.priority``: a member may give a job (at submission or later) a priority of
 at most ``TeamPolicy.member_max_priority`` (:func:`check_priority`), so that priority, and with it
-preemption, stays the admins' to hand out.
+preemption, stays the admins' to hand out; and ``record.on_behalf``: who registered a model version
+or moved an alias is the caller, and only an admin may record it for someone else
+(:func:`recorded_by`).
 """
 
 from __future__ import annotations
@@ -223,3 +225,16 @@ def check_priority(who: Principal, priority: int | None, limit: int) -> None:
     if priority is not None and priority > limit and not who.is_admin:
         raise HTTPException(403, f"forbidden by rule 'job.priority': a {who.role} may give a job a priority of at most "
                                  f"{limit}, not {priority}: ask an admin to raise it")  # fmt: skip
+
+
+def recorded_by(who: Principal, by: str | None) -> str:
+    """Who a registry change is recorded as (a version's ``created_by``, an alias move's ``by``):
+    the caller; an admin's ``by`` naming someone else as ``"<by> (recorded by <admin>)"``. 403 (rule
+    ``record.on_behalf``) when anyone else names another in ``by``."""
+    if by is None or by == who.name:
+        return who.name
+    if who.is_admin:
+        return f"{by} (recorded by {who.name})"
+    raise HTTPException(403, f"forbidden by rule 'record.on_behalf': only admins may record a change in someone "
+                             f"else's name, and {who.name!r} is a {who.role} who gave by={by!r}: leave 'by' out "
+                             f"(you are recorded as {who.name!r})")  # fmt: skip
