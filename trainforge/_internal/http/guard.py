@@ -54,7 +54,6 @@ DEFAULT_MAX_BODY = 64 * 2**20  # bytes: a job's code and config fit many times o
 _SAME_SITE_FETCH = frozenset({"same-origin", "none"})
 
 
-
 def is_loopback(host: str) -> bool:
     """True for ``localhost`` and loopback addresses (``127.0.0.0/8``, ``::1``)."""
     if host == "localhost":
@@ -188,7 +187,7 @@ class Guard:
             given = dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True)).get("token", "")
             new = self._identify(given)
             if new is not None:
-                current = self._identify(cookie)
+                current = who if bearer is None else self._identify(cookie)
                 await self._entry.answer(scope, send, headers, given, new, cookie if current is not None else "",
                                          current)  # fmt: skip
                 return
@@ -294,8 +293,8 @@ def _with_page_policy(send: Any) -> Any:
 
 class _LimitedBody:
     """A request's ``receive`` and ``send`` as the app gets them: the body counted as it is read and cut
-    past the guard's ``max_body`` (the app then gets ``http.disconnect``, the client 413 unless an
-    answer had begun; what the app sends after that is dropped)."""
+    past the guard's ``max_body``. The app then gets ``http.disconnect``, and the client a 413 in the
+    app's place (what the app sends after it is dropped), unless the app's own answer had begun."""
 
     def __init__(self, guard: Guard, scope: dict, receive: Any, send: Any):
         self._guard, self._scope, self._receive, self._send = guard, scope, receive, send
