@@ -1,10 +1,14 @@
 """The one request guard of trainforge's servers (``trainforge._internal.http.guard``), on a bare ASGI
 app that records what reaches it: Host, the whole origin (scheme, host, port), JSON-only state
-changes, the token (header or the server's own cookie), the dashboard's entry redirect."""
+changes (and a Bearer request's empty ones), the body limit (by Content-Length, and counted as a
+chunked body is read), every refusal told with who sent it, the token (header or the server's own
+cookie), the dashboard's entry redirect and its question before switching who is signed in."""
 
 from __future__ import annotations
 
 import asyncio
+import html
+import re
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -130,10 +134,30 @@ def test_origin_of_drops_default_ports_only():
 @pytest.mark.parametrize("method", ["POST", "PUT", "PATCH"])
 def test_a_state_change_whose_body_is_not_json_is_415(method, headers):
     guard, inner = dashboard()
-    r = call(guard, method, "/api/v1/models/gc", headers={**headers, **AUTH}, content=b"" if not headers else b"x=1")
-    assert r.status_code == 415, r.text
-    assert "application/json" in r.json()["detail"]
+    body = b"" if not headers else b"x=1"
+    for auth in ({"Cookie": f"{COOKIE}={TOKEN}"}, AUTH):  # what a browser sends; a Bearer client
+        if not headers and auth is AUTH:
+            continue  # a Bearer request with no body at all passes: below
+        r = call(guard, method, "/api/v1/models/gc", headers={**headers, **auth}, content=body)
+        assert r.status_code == 415, r.text
+        assert "application/json" in r.json()["detail"]
     assert inner.seen == []
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "PATCH"])
+def test_a_bearer_request_with_no_body_changes_state_but_not_with_a_body_that_is_not_json(method):
+    """Ray's REST clients send ``POST .../stop`` with nothing: no other site can make a browser send
+    an Authorization header, so a Bearer request needs no JSON type when it has no body at all."""
+    guard, inner = dashboard()
+    assert call(guard, method, "/api/v1/jobs/1/stop", headers=AUTH).status_code == 200
+    assert call(guard, method, "/api/v1/jobs/1/stop", headers={**AUTH, "Content-Length": "0"}).status_code == 200
+    assert inner.seen == [(method, "/api/v1/jobs/1/stop")] * 2
+    for headers, body in (({"Content-Type": "text/plain"}, b"{}"), ({}, b"{}"), ({"Content-Type": "text/plain"}, b"")):
+        r = call(guard, method, "/api/v1/jobs/1/stop", headers={**AUTH, **headers}, content=body)
+        assert r.status_code == 415, (headers, body, r.text)
+    r = call(guard, method, "/api/v1/jobs/1/stop", headers={"Cookie": f"{COOKIE}={TOKEN}"})  # a cookie's: no
+    assert r.status_code == 415 and "Bearer" in r.json()["detail"]
+    assert len(inner.seen) == 2
 
 
 @pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8", "application/merge-patch+json"])
@@ -206,3 +230,183 @@ def test_a_location_is_always_a_path_here(raw_path, query):
     location = safe_location(raw_path, query, "token")
     assert location.startswith("/") and not location.startswith("//") and not location.startswith("/\\")
     assert "token" not in dict(parse_qsl(location.partition("?")[2]))
+
+
+# -- the body limit --------------------------------------------------------------------------------
+class BodyReader:
+    """An ASGI app that reads its request's whole body (until it ends, or the client "leaves"), then
+    answers 200: how much reached it, and whether it was told the client left."""
+
+    def __init__(self) -> None:
+        self.got = 0
+        self.disconnected = False
+        self.calls = 0
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        self.calls += 1
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected = True
+                raise RuntimeError("the client left")  # as Starlette's ClientDisconnect: the guard answered
+            self.got += len(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"read"})
+
+
+def limited(limit: int, inner: Any, **overrides: Any) -> Guard:
+    return Guard(inner, GuardPolicy(token=TOKEN, allowed_hosts=frozenset({"127.0.0.1"}), max_body=limit,
+                                    api_prefix="/api/v1/", **overrides))  # fmt: skip
+
+
+def test_a_body_over_the_limit_by_its_content_length_is_413_before_a_byte_is_read():
+    inner = BodyReader()
+    guard = limited(1000, inner)
+    r = call(guard, "POST", "/api/v1/jobs", content=b"[" + b"0," * 1000 + b"0]", headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 413
+    detail = r.json()["detail"]
+    assert "POST /api/v1/jobs is 2003 bytes" in detail and "limit of 1000 bytes" in detail
+    assert "by reference" in detail and "--max-body" in detail
+    assert inner.calls == 0
+    # The guard never asks for the body: a receive that fails proves it.
+    scope = {"type": "http", "method": "PUT", "path": "/api/v1/x", "query_string": b"",
+             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+                         (b"content-length", str(10**12).encode()), (b"authorization", f"Bearer {TOKEN}".encode())]}  # fmt: skip
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        raise AssertionError("the guard read the body")
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(guard(scope, receive, send))
+    assert sent[0]["status"] == 413 and b"1000000000000 bytes" in sent[1]["body"]
+    assert call(guard, "POST", "/api/v1/jobs", content=b"[" + b"0," * 400 + b"0]", headers={**AUTH, "Content-Type": "application/json"}).status_code == 200
+    assert inner.got == 803
+
+
+def test_a_chunked_body_is_cut_at_the_limit_and_answered_413_never_read_past_it():
+    inner = BodyReader()
+    guard = limited(1000, inner)
+    produced = 0
+
+    async def chunks():  # 50 chunks of 100 bytes, sent without a Content-Length
+        nonlocal produced
+        for _ in range(50):
+            produced += 100
+            yield b"x" * 100
+
+    r = call(guard, "POST", "/api/v1/x", content=chunks(), headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 413, r.text  # the guard's answer, not the app's
+    assert "sent without a Content-Length" in r.json()["detail"] and "1000 bytes" in r.json()["detail"]
+    assert inner.got <= 1000 and inner.disconnected  # the app got at most the limit, then "the client left"
+    assert produced <= 1100  # and nothing past the chunk that crossed it was taken from the client
+
+    async def small():
+        yield b"x" * 600
+        yield b"y" * 400  # exactly the limit: fine
+
+    inner.got = 0
+    assert call(guard, "POST", "/api/v1/x", content=small(), headers={**AUTH, "Content-Type": "application/json"}).status_code == 200
+    assert inner.got == 1000
+
+
+def test_the_limit_is_validated():
+    for bad in (0, -1, 1.5, True, "64M"):
+        with pytest.raises(ValueError, match="GuardPolicy.max_body="):
+            GuardPolicy(token=TOKEN, allowed_hosts=frozenset({"127.0.0.1"}), max_body=bad)  # type: ignore[arg-type]
+    assert GuardPolicy(token=TOKEN, allowed_hosts=frozenset()).max_body == 64 * 2**20
+
+
+# -- who is known before a refusal, and every refusal is told ---------------------------------------
+def test_every_refusal_goes_to_on_refusal_with_who_sent_it_known_before_the_checks():
+    refused: list[tuple[Any, int, str, Any]] = []
+
+    def on_refusal(who: Any, scope: dict, status: int, detail: str) -> None:
+        refused.append((who, status, scope["path"], scope.get("user")))
+
+    users = {TOKEN: "ann"}
+    guard = limited(1000, BodyReader(), authenticate=users.get, on_refusal=on_refusal, cookie_name=COOKIE)
+    json_type = {"Content-Type": "application/json"}
+
+    async def chunks():
+        for _ in range(20):
+            yield b"x" * 100
+
+    cases = [
+        ({**AUTH, **json_type, "Origin": "http://evil.example"}, b"{}", 403),  # another site
+        ({**AUTH, "Content-Type": "text/plain"}, b"{}", 415),  # not JSON
+        ({"Cookie": f"{COOKIE}={TOKEN}"}, b"", 415),  # a cookie's empty POST
+        ({**AUTH, **json_type}, b"[" + b"0," * 1000 + b"0]", 413),  # too large (Content-Length)
+        ({**AUTH, **json_type}, chunks(), 413),  # too large (chunked, cut as it is read)
+        ({**AUTH, **json_type, "Host": "evil.example"}, b"{}", 403),  # DNS rebinding
+        (json_type, b"{}", 401),  # no token: nobody known
+    ]
+    for headers, body, status in cases:
+        r = call(guard, "POST", "/api/v1/jobs/1/stop", headers=headers, content=body)
+        assert r.status_code == status, (headers, r.text)
+    who = [(w, s, u) for w, s, _, u in refused]
+    assert who == [("ann", 403, "ann"), ("ann", 415, "ann"), ("ann", 415, "ann"), ("ann", 413, "ann"),
+                   ("ann", 413, "ann"), ("ann", 403, "ann"), (None, 401, None)]  # fmt: skip
+
+
+# -- no silent switch of who is signed in (login CSRF) ---------------------------------------------
+ADMIN_T, BOB_T, CAROL_T = "admin-token-0123456789", "bob-token-0123456789", "carol-token-0123456789"
+PEOPLE = {ADMIN_T: "admin (admin)", BOB_T: "bob (member)", CAROL_T: "carol (viewer)"}
+
+
+def _links(page: str) -> dict[str, str]:
+    return {m.group(1): html.unescape(m.group(2)) for m in re.finditer(r'<a id=(\w+) href="([^"]*)"', page)}
+
+
+def test_a_token_link_that_would_switch_a_valid_session_to_someone_else_asks_first():
+    guard, inner = dashboard(authenticate=PEOPLE.get)
+    as_admin = {"Cookie": f"{COOKIE}={ADMIN_T}", "Sec-Fetch-Site": "none"}
+    r = call(guard, "GET", f"/jobs/1?tab=logs&token={BOB_T}", headers=as_admin)
+    assert r.status_code == 200 and "set-cookie" not in r.headers  # nothing switched
+    assert "admin (admin)" in r.text and "bob (member)" in r.text and "<script" not in r.text
+    assert r.headers["content-security-policy"].startswith("default-src 'self'")
+    assert r.headers["referrer-policy"] == "no-referrer" and r.headers["cache-control"] == "no-store"
+    links = _links(r.text)
+    assert links["stay"] == "/jobs/1?tab=logs"
+    switch = links["switch"]
+    assert switch.startswith(f"/jobs/1?tab=logs&token={BOB_T}&confirm=")
+    # Followed from the page (same origin, the admin's cookie): signed in as bob, back on the page.
+    r = call(guard, "GET", switch, headers={**as_admin, "Sec-Fetch-Site": "same-origin"})
+    assert r.status_code == 303 and r.headers["set-cookie"].startswith(f"{COOKIE}={BOB_T};")
+    assert r.headers["location"] == "/jobs/1?tab=logs"
+    # The code holds for that session only, from this server's pages only, and cannot be guessed.
+    as_carol = {"Cookie": f"{COOKIE}={CAROL_T}", "Sec-Fetch-Site": "same-origin"}
+    for url, headers in ((switch, as_carol), (switch, {**as_admin, "Sec-Fetch-Site": "cross-site"}),
+                         (switch.rsplit("=", 1)[0] + "=" + "0" * 64, {**as_admin, "Sec-Fetch-Site": "same-origin"})):  # fmt: skip
+        r = call(guard, "GET", url, headers=headers)
+        assert r.status_code == 200 and "set-cookie" not in r.headers, (url, headers)
+    assert inner.seen == []
+
+
+def test_a_token_link_signs_in_at_once_without_a_session_or_as_the_same_user():
+    guard, _ = dashboard(authenticate=PEOPLE.get)
+    for cookie in ("", f"{COOKIE}={BOB_T}", f"{COOKIE}=stale-or-rotated-token"):
+        r = call(guard, "GET", f"/?token={BOB_T}", headers={"Cookie": cookie, "Sec-Fetch-Site": "none"} if cookie else {})
+        assert r.status_code == 303 and r.headers["set-cookie"].startswith(f"{COOKIE}={BOB_T};"), cookie
+
+
+def test_a_token_link_from_another_site_cannot_see_the_session_it_would_replace_so_it_asks():
+    """A cross-site navigation does not carry the SameSite=Strict cookie: the guard cannot tell
+    whether someone is signed in, so it asks; the link on its page, followed from this server,
+    carries the cookie and decides as above."""
+    guard, _ = dashboard(authenticate=PEOPLE.get)
+    r = call(guard, "GET", f"/jobs/1?token={BOB_T}", headers={"Sec-Fetch-Site": "cross-site"})
+    assert r.status_code == 200 and "set-cookie" not in r.headers and "another site" in r.text
+    switch = _links(r.text)["switch"]
+    r = call(guard, "GET", switch, headers={"Sec-Fetch-Site": "same-origin"})  # nobody signed in: at once
+    assert r.status_code == 303 and r.headers["set-cookie"].startswith(f"{COOKIE}={BOB_T};")
+    r = call(guard, "GET", switch, headers={"Cookie": f"{COOKIE}={ADMIN_T}", "Sec-Fetch-Site": "same-origin"})
+    assert r.status_code == 200 and "set-cookie" not in r.headers and "admin (admin)" in r.text  # asks, naming who
+
+
+def test_safe_location_drops_every_parameter_named():
+    assert safe_location("/jobs/1", "a=1&token=x&confirm=y&b=", "token", "confirm") == "/jobs/1?a=1&b="

@@ -472,6 +472,35 @@ def test_cli_takes_the_token_from_a_file_or_the_environment_never_argv(tmp_path,
     assert "not a loopback address" not in err and "cannot serve models:/m@prod" in err
 
 
+def test_cli_max_body_sets_the_guards_limit_in_sizes_with_units(capsys, monkeypatch):
+    from trainforge._cli import main
+
+    served: list[ServeConfig] = []
+    monkeypatch.setattr("trainforge.serve._server.serve", lambda config, announce: served.append(config))
+    assert main(["serve", "models:/m@prod", "--max-body", "1Mi"]) == 0
+    assert main(["serve", "models:/m@prod"]) == 0
+    assert [c.max_body_bytes for c in served] == [2**20, 64 * 2**20]  # the train server's default too
+    with pytest.raises(SystemExit):
+        main(["serve", "models:/m@prod", "--max-body", "lots"])
+    assert "size 'lots'" in capsys.readouterr().err
+
+
+def test_http_a_chunked_body_over_the_limit_is_cut_and_counted():
+    config = ServeConfig(port=0, max_batch_wait_ms=1, max_body_bytes=2000)
+
+    def chunks():
+        yield b'{"inputs": ['
+        for _ in range(100):
+            yield b"1, " * 30
+        yield b"1]}"
+
+    with ModelServer(config, source=StaticSource(Scale(2))) as server, httpx.Client(base_url=server.url) as c:
+        r = c.post("/v1/predict", content=chunks(), headers={"Content-Type": "application/json"})
+        assert r.status_code == 413 and "2000 bytes" in r.json()["detail"] and "Content-Length" in r.json()["detail"]
+        assert c.post("/v1/predict", json={"inputs": [1]}).json()["outputs"] == [2]  # and it goes on serving
+        assert c.get("/v1/stats").json()["errors"] == {"413": 1}
+
+
 def test_http_alias_move_under_load_loses_no_request():
     """Concurrent clients; the source moves to version 2 while they send; the poller picks it up:
     every request is answered 200, and each client's answers switch from version 1 to 2 for good."""

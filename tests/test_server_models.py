@@ -91,22 +91,24 @@ def test_alias_set_move_remove_and_its_history(http, registry, tmp_path):
     for i in (1, 2):
         registry.register("aliased", _dir(tmp_path, f"v{i}", {"w": bytes([i]) * 10}))
     move = _ok(http.put("/models/aliased/aliases/production", json={"version": 1, "by": "alice"}))
-    assert (move["alias"], move["from_version"], move["to_version"], move["by"]) == ("production", None, 1, "alice")
-    _ok(http.put("/models/aliased/aliases/staging", json={"version": 2}))
+    # The admin's token records on someone's behalf, saying so; without "by", the admin itself.
+    assert (move["alias"], move["from_version"], move["to_version"], move["by"]) == (
+        "production", None, 1, "alice (recorded by admin)")  # fmt: skip
+    assert _ok(http.put("/models/aliased/aliases/staging", json={"version": 2}))["by"] == "admin"
     move = _ok(http.put("/models/aliased/aliases/production", json={"version": 2, "by": "bob"}))
     assert (move["from_version"], move["to_version"]) == (1, 2)
     assert _ok(http.get("/models/aliased"))["aliases"] == {"production": 2, "staging": 2}
     assert [v["aliases"] for v in _ok(http.get("/models/aliased/versions"))] == [[], ["production", "staging"]]
     assert registry.get("aliased@production").version == 2  # the API's moves are the registry's
     removed = _ok(http.delete("/models/aliased/aliases/staging", params={"by": "carol"}))
-    assert (removed["from_version"], removed["to_version"], removed["by"]) == (2, None, "carol")
+    assert (removed["from_version"], removed["to_version"], removed["by"]) == (2, None, "carol (recorded by admin)")
     assert _ok(http.get("/models/aliased"))["aliases"] == {"production": 2}
     history = _ok(http.get("/models/aliased/aliases/history"))
     assert [(h["alias"], h["from_version"], h["to_version"]) for h in history] == [
         ("production", None, 1), ("staging", None, 2), ("production", 1, 2), ("staging", 2, None),
     ]  # fmt: skip
     assert [h["at"] for h in history] == sorted(h["at"] for h in history)
-    assert history[0]["by"] == "alice" and history[2]["by"] == "bob"
+    assert history[0]["by"] == "alice (recorded by admin)" and history[2]["by"] == "bob (recorded by admin)"
     only = _ok(http.get("/models/aliased/aliases/history", params={"alias": "production"}))
     assert [(h["from_version"], h["to_version"]) for h in only] == [(None, 1), (1, 2)]
 
@@ -318,7 +320,7 @@ def test_register_a_jobs_checkpoint_over_rest_and_link_back_to_the_job(http, ser
     ).submit()  # fmt: skip
     assert job.result(timeout=120).metrics["loss"] == 0.25
     out = _ok(http.post("/models/from-job/versions", json={"job": job.id, "alias": "production", "by": "ci"}), 201)
-    assert out["version"] == 1 and out["aliases"] == ["production"] and out["created_by"] == "ci"
+    assert out["version"] == 1 and out["aliases"] == ["production"] and out["created_by"] == "ci (recorded by admin)"
     assert out["job"]["id"] == job.id and out["job"]["url"] == f"/jobs/{job.id}"
     assert out["metrics"]["loss"] == 0.25 and set(out["files"]) >= {"weights.txt"}
     # From a path the server can read; then the refusals, each a 4xx naming the problem.

@@ -82,6 +82,11 @@ def make_app(engine: ServeEngine, *, token: str | None, allowed_hosts: set[str],
             return Response(json.dumps({"status": "starting"}), status_code=503, media_type="application/json")
         return JSONResponse({"status": "ok", "model": info.to_dict()})
 
+    def count_refused(who: object, scope: dict, status: int, detail: str) -> None:
+        if status == 413 and scope.get("path") == "/v1/predict":  # too large: counted, as the route's own 413s
+            engine.refuse(status)
+
     policy = GuardPolicy(token=token, allowed_hosts=frozenset(allowed_hosts), open_paths=frozenset({"/healthz"}),
-                         host_hint="; add yours with --allowed-host")  # fmt: skip
+                         host_hint="; add yours with --allowed-host", max_body=max_body_bytes,
+                         on_refusal=count_refused)  # fmt: skip
     return Guard(app, policy)

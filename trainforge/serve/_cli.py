@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Any
 
+from trainforge._internal.http import DEFAULT_MAX_BODY
+from trainforge._internal.key_values import size_arg
 from trainforge.serve._config import DEFAULT_PORT, ENV_SERVE_TOKEN
 
 
@@ -30,6 +32,8 @@ def add_commands(sub: Any) -> None:
                    help="how long a batch waits to fill after its first request (default 5)")  # fmt: skip
     p.add_argument("--max-request-instances", type=int, default=1024, help="instances one request may send")
     p.add_argument("--poll-s", type=float, default=1.0, help="seconds between looks at the alias (0: never)")
+    p.add_argument("--max-body", type=size_arg, default=DEFAULT_MAX_BODY, metavar="SIZE",
+                   help="the largest request body it takes, e.g. 64Mi (the default), 1G, 500M")  # fmt: skip
     p.add_argument("--ray", action="store_true", help="deploy on the Ray cluster this process connects to "
                    "($RAY_ADDRESS, a running cluster, else a local Ray instance) as a Ray Serve deployment")  # fmt: skip
     p.add_argument("--replicas", type=int, help="with --ray: replicas of the engine (default 1)")
@@ -55,7 +59,7 @@ def _serve(args: Any) -> int:
     config = ServeConfig(model=args.model, registry=args.registry, host=args.host, port=args.port, token=token,
                          allowed_hosts=tuple(args.allowed_host), max_batch_size=args.max_batch_size,
                          max_batch_wait_ms=args.max_batch_wait_ms, poll_s=args.poll_s,
-                         max_request_instances=args.max_request_instances)  # fmt: skip
+                         max_request_instances=args.max_request_instances, max_body_bytes=args.max_body)  # fmt: skip
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
-from trainforge._internal.http import is_loopback
+from trainforge._internal.http import DEFAULT_MAX_BODY, is_loopback
 
 DEFAULT_PORT = 8280  # next to the train server's 8270
 ENV_SERVE_TOKEN = "TRAINFORGE_SERVE_TOKEN"  # `trainforge serve`'s token when no --token-file is given
@@ -32,7 +32,8 @@ class ServeConfig:
     Batching: requests are queued; a batch is up to ``max_batch_size`` instances, or what arrived within
     ``max_batch_wait_ms`` after the oldest queued request (0: no waiting, whatever is queued). A request
     of more instances than ``max_batch_size`` runs alone, in chunks of ``max_batch_size``; one of more
-    than ``max_request_instances`` (or a body over ``max_body_bytes``) is refused with 413.
+    than ``max_request_instances`` (or a body over ``max_body_bytes``, default 64 MiB, refused by the
+    guard before it is read) is refused with 413.
 
     ``stats_window_s``: latency percentiles and throughput in ``GET /v1/stats`` are over the requests
     of the last ``stats_window_s`` seconds.
@@ -59,7 +60,7 @@ class ServeConfig:
     max_batch_wait_ms: float = 5.0
     poll_s: float = 1.0
     max_request_instances: int = 1024
-    max_body_bytes: int = 32 * 2**20
+    max_body_bytes: int = DEFAULT_MAX_BODY  # 64 MiB, the train server's default too
     stats_window_s: float = 60.0
 
     def __post_init__(self) -> None:

@@ -5,9 +5,11 @@ schemas they share (:mod:`trainforge.server._schemas`) and the dashboard's pages
 Every request needs the server's token (``Authorization: Bearer <token>``, or the server's own
 ``trainforge_token_<server id>`` cookie the dashboard sets); the ``Host`` header must name this server
 (no DNS rebinding); a state-changing request must come from this server's own origin (scheme, host
-and port) and send JSON (:mod:`trainforge._internal.http.guard`). Bad input is
-answered by the schema (422 naming the field), an unknown job by 404, a change that the job's state
-does not allow by 409; never a 500.
+and port) and send JSON (or, with a Bearer token, nothing); no body may pass ``max_body``
+(:mod:`trainforge._internal.http.guard`). What the caller's role may do is decided before the body is
+read (:class:`trainforge.server._routes.access.Access`). Bad input is answered by the schema (422
+naming the field), an unknown job by 404, a change that the job's state does not allow by 409;
+never a 500.
 
 Live data is server-sent events: ``GET /events`` (every job's lifecycle, ``id`` = the event's
 sequence number), ``GET /jobs/{id}/stream`` (one job's runs, reports and restarts from its events
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -28,7 +30,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import trainforge
-from trainforge._internal.http import Guard, GuardPolicy
+from trainforge._internal.http import DEFAULT_MAX_BODY, Guard, GuardPolicy
 from trainforge._internal.json_depth import too_deep_detail
 from trainforge.server import _dashboard, _experiments_page, _models_page
 from trainforge.server._audit import AuditMiddleware
@@ -58,23 +60,25 @@ def cookie_name(server_id: str) -> str:
 
 
 def make_app(service: JobService, *, token: str, allowed_hosts: set[str], registry: str | None = None,
-             tls: bool = False, scrape_token: str | None = None) -> Any:  # fmt: skip
+             tls: bool = False, scrape_token: str | None = None, max_body: int = DEFAULT_MAX_BODY) -> Any:  # fmt: skip
     """The guarded ASGI app and the FastAPI app inside it; ``registry``: the model registry's URI
     (None: ``Registry()``'s default), see :mod:`trainforge.server._models`. The guard is
-    :mod:`trainforge._internal.http.guard` (token, Host, whole Origin, JSON-only changes): ``token``
-    signs in as the built-in admin, each user's own token as that user, ``scrape_token`` as the
-    scraper (``/metrics`` only); what each may do is :mod:`trainforge.server._routes.access`, a
-    dependency of every route. State-changing requests go to the audit log (:mod:`trainforge.server._audit`)."""
+    :mod:`trainforge._internal.http.guard` (token, Host, whole Origin, JSON-only changes, bodies of at
+    most ``max_body`` bytes): ``token`` signs in as the built-in admin, each user's own token as that
+    user, ``scrape_token`` as the scraper (``/metrics`` only); what each may do is
+    :mod:`trainforge.server._routes.access`, decided before a body is read. State-changing requests of
+    known callers, refusals included, go to the audit log (:mod:`trainforge.server._audit`), which
+    wraps the guard: audit(guard(access(app)))."""
     app = FastAPI(
         title="trainforge train server",
         version=trainforge.__version__,
         openapi_url=f"{API_PREFIX}/openapi.json",
         docs_url=f"{API_PREFIX}/docs",
         redoc_url=None,
-        dependencies=[Depends(access.authorize)],
         responses={400: {"description": "a body that cannot be parsed (not JSON, or not UTF-8)"},
                    403: {"description": "the caller's role does not allow this (the detail names the rule), or the "
                                         "request came from another site"},
+                   413: {"description": "a body over the server's limit (--max-body)"},
                    415: {"description": "a state-changing request whose body is not JSON (Content-Type: "
                                         "application/json)"}},  # fmt: skip
         description="Queues training jobs and runs them by the resources they ask for. Submitting a job runs "
@@ -112,13 +116,15 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str], regist
     app.state.engines = engines = serve.Engines(app.state.models)
     app.router.lifespan_context = engines.lifespan  # the serving engines stop with the server
     app.state.experiments = Experiments(service)  # Tune experiments: their trials are jobs
+    routes = access.RouteTable()  # what the access layer resolves a request by, before the app reads it
     for resource in (queue, jobs, logs, metrics, models, serve, experiments, team):
-        app.include_router(resource.router, prefix=API_PREFIX)
-    app.include_router(operator.router)  # /metrics, for Prometheus
-    app.include_router(_models_page.router)
-    app.include_router(_experiments_page.router)
+        routes.include(app, resource.router, prefix=API_PREFIX)
+    routes.include(app, operator.router)  # /metrics, for Prometheus
+    routes.include(app, _models_page.router)
+    routes.include(app, _experiments_page.router)
     app.mount("/static", StaticFiles(directory=_dashboard.STATIC_DIR), name="static")
-    app.include_router(_dashboard.router)
+    routes.include(app, _dashboard.router)
+    app.state.routes = routes
     policy = GuardPolicy(
         token=token, allowed_hosts=frozenset(allowed_hosts), api_prefix=API_PREFIX + "/", tls=tls,
         cookie_name=cookie_name(service.server_id) if service is not None else None,
@@ -126,6 +132,9 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str], regist
         "read it themselves), or your own ($TRAINFORGE_TOKEN)",
         authenticate=authenticator(service.users if service is not None else None, token, scrape_token,
                                    jobs=service.job_tokens.verify if service is not None else None),
+        max_body=max_body,
     )  # fmt: skip
-    audited = AuditMiddleware(app, lambda: service.audit if service is not None else None, skip=access.UNAUDITED)
-    return Guard(audited, policy), app
+    guarded = Guard(access.Access(app, routes), policy)
+    audited = AuditMiddleware(guarded, lambda: service.audit if service is not None else None, skip=access.UNAUDITED,
+                              describe=lambda scope: access.describe(routes, scope))  # fmt: skip
+    return audited, app

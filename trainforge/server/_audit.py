@@ -2,10 +2,13 @@
 when, from where and what it was answered (allowed or not), in the store's ``audit`` table
 (:mod:`trainforge.server._team_tables`).
 
-:class:`AuditMiddleware` sits between the guard (which knows who) and the app (whose access rule
-says what: :mod:`trainforge.server._routes.access`), and records each state-changing request once its
-answer has gone out. Predictions (many a second, and reads at heart) are not recorded, nor requests
-the guard refused before anyone was known (no token, another site's page). Records are written by
+:class:`AuditMiddleware` sits around the guard (which tells who, and puts them in the request's scope
+before it refuses anything) and the access layer and app inside it (whose rule says what:
+:mod:`trainforge.server._routes.access`), and records each state-changing request of a known caller
+once its answer has gone out, with the status that went out: the app's, the access layer's 403, or
+the guard's own refusal (another site's page, a body that is not JSON, one over the size limit).
+Predictions (many a second, and reads at heart) are not recorded, nor requests whose token is
+unknown or missing (the 401s). Records are written by
 :class:`AuditLog` a moment later, many in one transaction, so auditing adds no write to a request's
 own path; a read of the log (:meth:`AuditLog.query`) writes what is pending first, so whoever just
 made a change finds it there. A server killed at once can lose the last quarter second of records.
@@ -19,6 +22,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from trainforge.server._store import JobStore
@@ -126,12 +130,16 @@ class AuditLog:
 class AuditMiddleware:
     """ASGI middleware recording each state-changing request of ``app`` in ``log()`` (None: nothing
     is recorded) once its answer has gone out (see the module docstring), but for those under an
-    access rule in ``skip``."""
+    access rule in ``skip``. The rule and job of a request are what the access layer put in its scope
+    (``trainforge.access``), else (refused before it) ``describe(scope)``'s (no ``describe``:
+    ``("none", None)``)."""
 
-    def __init__(self, app: Any, log: Any, skip: frozenset[str] = frozenset()):
+    def __init__(self, app: Any, log: Any, skip: frozenset[str] = frozenset(),
+                 describe: Callable[[dict], tuple[str, int | None]] | None = None):  # fmt: skip
         self.app = app
         self._log = log
         self._skip = skip
+        self._describe = describe
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] in SAFE_METHODS:
@@ -156,7 +164,8 @@ class AuditMiddleware:
         who = scope.get("user")
         if log is None or not isinstance(who, Principal):
             return
-        rule, job_id = scope.get("trainforge.access", ("none", None))
+        described = self._describe(scope) if self._describe is not None else ("none", None)
+        rule, job_id = scope.get("trainforge.access") or described
         if rule in self._skip:
             return
         detail = None

@@ -20,7 +20,8 @@ import sys
 import time
 from typing import Any
 
-from trainforge._internal.key_values import parse_key_values
+from trainforge._internal.http import DEFAULT_MAX_BODY
+from trainforge._internal.key_values import parse_key_values, size_arg
 from trainforge.server._cli_listing import (
     client,
     jobs_command,
@@ -56,6 +57,8 @@ def add_commands(sub: Any) -> None:
     start.add_argument("--detach", action="store_true", help="run in the background; output in <state-dir>/server.log")
     start.add_argument("--registry", help="the model registry of its Models page and /api/v1/models (path or URL; "
                        "default: $TRAINFORGE_REGISTRY, else ~/trainforge/registry)")  # fmt: skip
+    start.add_argument("--max-body", type=size_arg, default=DEFAULT_MAX_BODY, metavar="SIZE",
+                       help="the largest request body it takes, e.g. 64Mi (the default), 1G, 500M")  # fmt: skip
     add_start_options(start)
     start.set_defaults(func=_server_start)
     _command(ssub, "status", _server_status, "is a server running, where, with which jobs", _state_dir, _json)
@@ -162,12 +165,13 @@ def _server_start(args: Any) -> int:
     config = ServerConfig(
         state_dir=state_dir, host=args.host, port=args.port, capacity=args.capacity, reserve=args.reserve,
         stop_grace_s=args.stop_grace, durable=args.durable, token=token, warm=args.warm, registry=args.registry,
-        **start_config(args),
+        max_body=args.max_body, **start_config(args),
     )  # fmt: skip
     if args.detach:
         from trainforge.server._main import dashboard_url, read_token, start_background_server
 
-        forward = ["--host", args.host, "--port", str(args.port), "--stop-grace", str(args.stop_grace)]
+        forward = ["--host", args.host, "--port", str(args.port), "--stop-grace", str(args.stop_grace),
+                   "--max-body", str(args.max_body)]
         if args.capacity:
             forward += ["--capacity", ",".join(f"{k}={v}" for k, v in args.capacity.items())]
         if args.reserve:

@@ -7,7 +7,8 @@ import math
 import os
 from pathlib import Path
 
-from trainforge._internal.http import is_loopback
+from trainforge._internal.http import DEFAULT_MAX_BODY, is_loopback, size_text
+from trainforge._internal.key_values import parse_amount
 from trainforge.server._isolation import IsolationConfig
 from trainforge.server._team_policy import TeamPolicy
 
@@ -45,10 +46,12 @@ class ServerConfig:
     serve HTTPS with this certificate chain and key (PEM files; both or neither). ``scrape_token``:
     the token that may read ``/metrics`` and nothing else (None: random, in ``<state_dir>/scrape_token``).
     ``team``: the rules of a server several users share (fair share, preemption, quotas, what
-    members may do: :class:`~trainforge.server._team_policy.TeamPolicy`). ``isolation``: how the
-    jobs of a server with users are kept apart (:class:`~trainforge.server._isolation.IsolationConfig`).
-    ``secret_files``: files the server read secrets from (``--token-file``, the TLS key): hidden
-    from every job's sandbox, wherever they are.
+    members may do: :class:`~trainforge.server._team_policy.TeamPolicy`). ``max_body``: the most bytes
+    a request's body may have (default 64 MiB; 413 beyond, before it is read): a job's code and
+    config fit many times over, and data goes by reference (a path or URL the server reads).
+    ``isolation``: how the jobs of a server with users are kept apart
+    (:class:`~trainforge.server._isolation.IsolationConfig`). ``secret_files``: files the server read
+    secrets from (``--token-file``, the TLS key): hidden from every job's sandbox, wherever they are.
 
     Example::
 
@@ -71,6 +74,7 @@ class ServerConfig:
     team: TeamPolicy = dataclasses.field(default_factory=TeamPolicy)
     isolation: IsolationConfig = dataclasses.field(default_factory=IsolationConfig)
     secret_files: tuple[str, ...] = ()
+    max_body: int = DEFAULT_MAX_BODY
 
     @property
     def tls(self) -> bool:
@@ -110,6 +114,9 @@ class ServerConfig:
                                      "`openssl req -x509 ...` or from your certificate authority)")  # fmt: skip
         if self.scrape_token is not None and (not isinstance(self.scrape_token, str) or len(self.scrape_token) < 16):
             raise ValueError("ServerConfig.scrape_token: give a string of at least 16 characters (or None for a random one).")
+        if isinstance(self.max_body, bool) or not isinstance(self.max_body, int) or self.max_body < 1024:
+            raise ValueError(f"ServerConfig.max_body={self.max_body!r}: give a number of bytes >= 1024 (default "
+                             f"{size_text(DEFAULT_MAX_BODY)}; --max-body takes 64Mi, 1G, ...)")  # fmt: skip
         if not isinstance(self.team, TeamPolicy):
             raise ValueError(f"ServerConfig.team={self.team!r}: give a TeamPolicy(...)")
         if not isinstance(self.isolation, IsolationConfig):
@@ -126,23 +133,15 @@ class ServerConfig:
 
 def parse_resources(text: str) -> dict[str, float]:
     """``"CPU=8,GPU=2,memory=32G"`` -> ``{"CPU": 8.0, "GPU": 2.0, "memory": 32e9}`` (ValueError if malformed)."""
-    units = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
     out: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         kind, sep, amount = part.partition("=")
         if not sep or not kind.strip():
             raise ValueError(f"{part!r}: write resources as KIND=AMOUNT, e.g. CPU=8,GPU=2,memory=32G")
-        amount = amount.strip()
-        scale = 1.0
-        upper = amount.upper().removesuffix("B")
-        for suffix in sorted(units, key=len, reverse=True):
-            if upper.endswith(suffix):
-                scale, upper = units[suffix], upper[: -len(suffix)]
-                break
         try:
-            value = float(upper) * scale
+            value = parse_amount(amount)
         except ValueError:
-            raise ValueError(f"{part!r}: {amount!r} is not a number (e.g. CPU=8, memory=32G)") from None
+            raise ValueError(f"{part!r}: {amount.strip()!r} is not a number (e.g. CPU=8, memory=32G)") from None
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"{part!r}: the amount must be a finite number >= 0")
         out[kind.strip()] = value

@@ -228,7 +228,7 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
     ray_entry = _publish_on_ray(url, config.state_dir) if ray_total is not None else None
     allowed = {"127.0.0.1", "localhost", "::1", config.host.lower()}
     guard, _ = make_app(service, token=token, allowed_hosts=allowed, registry=config.registry, tls=config.tls,
-                        scrape_token=scrape_token)  # fmt: skip
+                        scrape_token=scrape_token, max_body=config.max_body)  # fmt: skip
     kinds = fmt_resources(capacity, "nothing")
     where = "the Ray cluster's" if ray_total is not None else "capacity"
     if any(counts.values()):

@@ -305,13 +305,17 @@ class RegisterIn(BaseModel):
     tags: Annotated[dict[str, Any] | None, AfterValidator(shallow)] = None
     description: str | None = Field(default=None, max_length=10_000)
     alias: str | None = Field(default=None, min_length=1, max_length=100, description="point this alias at it")
-    by: str | None = Field(default=None, min_length=1, max_length=200, description="who registers it")
+    by: str | None = Field(default=None, min_length=1, max_length=200,
+                           description="who registers it (its created_by): default the caller; only an admin may "
+                           "name someone else, recorded as '<by> (recorded by <admin>)'")  # fmt: skip
 
 
 class AliasIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: int = Field(ge=1, le=2**31, description="the version the alias should point at")
-    by: str | None = Field(default=None, min_length=1, max_length=200, description="who moves it (for the history)")
+    by: str | None = Field(default=None, min_length=1, max_length=200,
+                           description="who moves it (for the history): default the caller; only an admin may name "
+                           "someone else, recorded as '<by> (recorded by <admin>)'")  # fmt: skip
 
 
 class AliasMoveOut(BaseModel):

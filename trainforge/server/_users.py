@@ -55,15 +55,20 @@ class UserConflictError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class Principal:
     """Who sent a request: a user's ``name`` and ``role`` (``admin``, ``member``, ``viewer``, or
-    ``scraper`` for the scrape token)."""
+    ``scraper`` for the scrape token), and ``key_id``, the token they signed in with ('' for the
+    built-in ``admin`` and ``scraper``): whether it still holds is :meth:`UserBook.is_current`."""
 
     name: str
     role: str
+    key_id: str = ""
     job_id: int | None = None  # signed in with job ``job_id``'s credential (on its owner's behalf)
 
     @property
     def is_admin(self) -> bool:
         return self.role == ADMIN
+
+    def __str__(self) -> str:  # how the dashboard's sign-in page names them
+        return f"{self.name} ({self.role})"
 
 
 ADMIN_PRINCIPAL = Principal(ADMIN, ADMIN)
@@ -231,8 +236,19 @@ class UserBook:
             user = self._users.get(entry[0]) if entry is not None else None
         salt, expected = (entry[1], entry[2]) if entry is not None else (_DUMMY_SALT, "0" * 64)
         if hmac.compare_digest(_hash(salt, secret), expected) and user is not None:
-            return Principal(user.name, user.role)
+            return Principal(user.name, user.role, key_id)
         return None
+
+    def is_current(self, who: Principal) -> bool:
+        """Whether ``who`` (signed in earlier) still holds: the built-in ``admin`` and ``scraper``
+        always (their tokens live as long as the server), a user while they exist and their token is
+        the one they signed in with (``users remove`` and ``users rotate`` end it). What a request
+        that lasts (a stream) asks as it goes, so that it ends with its credential."""
+        if who.name in RESERVED and not who.key_id:
+            return True
+        with self._lock:
+            user = self._users.get(who.name)
+        return user is not None and user.key_id == who.key_id
 
     # -- the users --------------------------------------------------------------------------------
     def list(self) -> list[User]:

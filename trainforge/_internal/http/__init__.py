@@ -1,9 +1,12 @@
 """The HTTP foundation shared by trainforge's servers (the train server, ``trainforge serve``): the
-request guard, the listening socket, the SIGTERM handler and the JSON encoding rule. A deliberately
-named internal interface: platform packages import it from here."""
+request guard (with its body limit and the dashboard's browser entry), the listening socket, the
+SIGTERM handler and the JSON encoding rule. A deliberately named internal interface: platform
+packages import it from here."""
 
 from trainforge._internal.http.encoding import json_safe
+from trainforge._internal.http.entry import safe_location
 from trainforge._internal.http.guard import (
+    DEFAULT_MAX_BODY,
     Guard,
     GuardPolicy,
     deny,
@@ -12,12 +15,13 @@ from trainforge._internal.http.guard import (
     is_loopback,
     json_detail,
     origin_of,
-    safe_location,
+    size_text,
 )
 from trainforge._internal.http.listen import listen
 from trainforge._internal.http.signals import exit_on_signal
 
 __all__ = [
+    "DEFAULT_MAX_BODY",
     "Guard",
     "GuardPolicy",
     "deny",
@@ -30,4 +34,5 @@ __all__ = [
     "listen",
     "origin_of",
     "safe_location",
+    "size_text",
 ]

@@ -1,6 +1,8 @@
 """The one request guard of every trainforge HTTP server (the train server and ``trainforge serve``).
 
-An ASGI middleware that runs before any route, in this order:
+An ASGI middleware that runs before any route. It first tells who sent the request (its token, when
+it has one: below), so that a refusal of someone known can be recorded by the layers around it; then,
+in this order:
 
 1. **Host.** The ``Host`` header must name this server (``allowed_hosts``): a page on another name
    that resolves here (DNS rebinding) gets 403.
@@ -9,21 +11,27 @@ An ASGI middleware that runs before any route, in this order:
    origin *whole* (scheme, host and port, as the browser reached it: ``http://<Host header>``), and
    without one, ``Sec-Fetch-Site`` (if sent) must be ``same-origin`` or ``none``. A page on another
    port of the same host is another origin.
-3. **JSON only.** A state-changing request must send ``Content-Type: application/json`` (a DELETE
-   may send no body at all), else 415. So no CORS-simple request (a form post, a ``no-cors`` fetch,
-   ``text/plain``), the kind a browser sends cross-site without asking, can change anything.
-4. **Token.** ``Authorization: Bearer <token>`` (or, where the server has a cookie, its cookie),
+3. **JSON only.** A state-changing request must send ``Content-Type: application/json``, else 415.
+   So no CORS-simple request (a form post, a ``no-cors`` fetch, ``text/plain``), the kind a browser
+   sends cross-site without asking, can change anything. A request with no body at all passes when
+   it is a DELETE or carries ``Authorization: Bearer`` (a header no other site can make a browser
+   send: ``POST .../stop`` with nothing, as Ray's REST clients send it); a body that is not JSON is
+   415 either way, and so is a cookie's empty POST.
+4. **Body size.** A body over ``max_body`` bytes is 413, naming its size and the limit: refused on
+   its ``Content-Length`` before a byte of it is read; one sent without (chunked) is counted as the
+   app reads it and cut at the limit (the app is told the client left; the guard answers 413), so
+   no layer ever holds more than the limit of it.
+5. **Token.** ``Authorization: Bearer <token>`` (or, where the server has a cookie, its cookie),
    compared in constant time; 401 otherwise. ``open_paths`` need no token. A server with several
    users gives an ``authenticate`` function instead: it tells who a token is (or None: 401), and the
    guard puts them in the request's scope as ``user`` (Starlette's ``request.user``) for the routes'
-   own authorisation.
+   own authorisation, as soon as it knows (before the checks above).
 
-Browser entry (servers with a ``cookie_name``, i.e. the dashboard): ``GET <page>?token=<token>``
-answers 303 to the same page *on this server* (a path, never ``//other.host``), with the other query
-parameters kept and the token moved into an ``HttpOnly; SameSite=Strict`` cookie named for this
-server (two servers on one host keep apart cookies; ``Secure`` with TLS). Pages (paths outside
-``api_prefix``) get ``nosniff`` and a strict Content-Security-Policy, and an HTML page instead of a
-JSON 401.
+Every refusal goes to ``on_refusal(who, scope, status, detail)`` when given (``who``: the token's
+identity, None when unknown). Browser entry (servers with a ``cookie_name``, i.e. the dashboard):
+``GET <page>?token=<token>`` sets the cookie, or asks first when it would switch who is signed in
+(:mod:`trainforge._internal.http.entry`). Pages (paths outside ``api_prefix``) get ``nosniff`` and a
+strict Content-Security-Policy, and an HTML page instead of a JSON 401.
 """
 
 from __future__ import annotations
@@ -32,12 +40,17 @@ import dataclasses
 import hmac
 import ipaddress
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl
+
+from trainforge._internal.http.entry import PAGE_CSP, Entry
+
+logger = logging.getLogger(__name__)
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-PAGE_CSP = b"default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+DEFAULT_MAX_BODY = 64 * 2**20  # bytes: a job's code and config fit many times over; data goes by reference
 _SAME_SITE_FETCH = frozenset({"same-origin", "none"})
 
 
@@ -81,18 +94,24 @@ async def deny(send: Any, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def safe_location(raw_path: str, query_string: str, drop: str) -> str:
-    """Where the token entry sends the browser: the same path on this server (leading slashes and
-    backslashes collapsed to one ``/``, so ``//evil.example/x`` stays a path here) with the query's
-    other parameters (``drop`` removed)."""
-    path = "/" + raw_path.lstrip("/\\")
-    kept = [(k, v) for k, v in parse_qsl(query_string, keep_blank_values=True) if k != drop]
-    return path + (f"?{urlencode(kept)}" if kept else "")
-
-
 def is_json_type(content_type: str) -> bool:
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def size_text(size: int) -> str:
+    """``67108864`` -> ``"64 MiB (67108864 bytes)"``; sizes that are no whole KiB, MiB or GiB in bytes."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit} ({size} bytes)"
+    return f"{size} bytes"
+
+
+def _too_large(method: str, path: str, limit: int, size: int | None) -> str:
+    told = f"is {size} bytes" if size is not None else "was sent without a Content-Length and passed"
+    return (f"the body of {method} {path} {told}, over this server's limit of {size_text(limit)}: send large data "
+            "by reference (a path or URL the server can read) rather than in the body, or start the server with "
+            "a larger --max-body")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +123,11 @@ class GuardPolicy:
     entry (None: header only). ``api_prefix``: paths under it are the API (JSON errors); others are
     pages. ``open_paths``: answered without a token. ``tls``: the server speaks HTTPS (the origin's
     scheme, and a ``Secure`` cookie). ``token_hint``: where the 401 says the token is found.
-    ``authenticate``: who a token is (any object, set as the scope's ``user``), or None for nobody;
-    given, it decides instead of the comparison with ``token`` (it must compare in constant time).
+    ``authenticate``: who a token is (any object, set as the scope's ``user``; ``str()`` of it is how
+    the browser entry names it), or None for nobody; given, it decides instead of the comparison with
+    ``token`` (it must compare in constant time). ``max_body``: the most bytes a request's body may
+    have (413 beyond). ``on_refusal``: called with ``(who, scope, status, detail)`` for each request
+    the guard refuses (``who``: None when the token is unknown or missing).
     """
 
     token: str | None
@@ -117,10 +139,15 @@ class GuardPolicy:
     token_hint: str = "the token the server was started with"
     host_hint: str = ""
     authenticate: Callable[[str], Any] | None = None
+    max_body: int = DEFAULT_MAX_BODY
+    on_refusal: Callable[[Any, dict, int, str], None] | None = None
 
     def __post_init__(self) -> None:
         if self.token is not None and not self.token:
             raise ValueError("GuardPolicy.token='': give a token, or None for none")
+        if isinstance(self.max_body, bool) or not isinstance(self.max_body, int) or self.max_body < 1:
+            raise ValueError(f"GuardPolicy.max_body={self.max_body!r}: give a number of bytes >= 1 (default "
+                             f"{size_text(DEFAULT_MAX_BODY)})")  # fmt: skip
         object.__setattr__(self, "allowed_hosts", frozenset(h.lower() for h in self.allowed_hosts))
 
 
@@ -131,6 +158,7 @@ class Guard:
         self.app = app
         self.policy = policy
         self._token = policy.token.encode() if policy.token is not None else None
+        self._entry = Entry(policy.cookie_name, policy.tls) if policy.cookie_name else None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -141,53 +169,76 @@ class Guard:
         method = scope["method"]
         path = scope.get("path", "")
         is_api = path.startswith(policy.api_prefix)
-        host_header = headers.get("host", "")
-        if host_name(host_header) not in policy.allowed_hosts:
-            await deny(send, 403, f"Host {host_header!r} is not this server's (allowed: "
-                                  f"{sorted(policy.allowed_hosts)}){policy.host_hint}")  # fmt: skip
+        bearer = _bearer(headers)
+        cookie = self._cookie(headers)
+        token = bearer if bearer is not None else cookie
+        who = self._identify(token)
+        if who is not None and policy.authenticate is not None:
+            scope["user"] = who  # known before any refusal: the layers around the guard may record it
+        refusal = self._refusal(headers, method, path, bearer is not None)
+        if refusal is not None:
+            await self._refuse(scope, send, who, *refusal)
             return
-        if method not in SAFE_METHODS:
-            refusal = self._cross_site(headers, host_header)
-            if refusal is not None:
-                await deny(send, 403, refusal)
-                return
-            content_type = headers.get("content-type")
-            has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
-            if not (content_type is not None and is_json_type(content_type)) and (
-                method != "DELETE" or content_type is not None or has_body
-            ):
-                await deny(send, 415, f"{method} {path} changes state: send its body as JSON, with 'Content-Type: "
-                                      f"application/json' (got {content_type or 'no Content-Type'}; an empty body "
-                                      "is {})")  # fmt: skip
-                return
         if (self._token is None and policy.authenticate is None) or path in policy.open_paths:
             await self._pass(scope, receive, send, is_api)
             return
         query = scope.get("query_string", b"")
-        if policy.cookie_name and method == "GET" and not is_api and b"token=" in query:
+        if self._entry is not None and method == "GET" and not is_api and b"token=" in query:
             given = dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True)).get("token", "")
-            if self._identify(given) is not None:
-                await self._enter(scope, send, given)
+            new = self._identify(given)
+            if new is not None:
+                current = who if bearer is None else self._identify(cookie)
+                await self._entry.answer(scope, send, headers, given, new, cookie if current is not None else "",
+                                         current)  # fmt: skip
                 return
-        who = self._identify(self._supplied(headers))
         if who is None:
+            if policy.on_refusal is not None:
+                policy.on_refusal(None, scope, 401, "missing or wrong token")
             if not is_api:
                 await _deny_page(send)
                 return
             await deny(send, 401, "missing or wrong token: send 'Authorization: Bearer <token>' with "
                                   f"{policy.token_hint}")  # fmt: skip
             return
-        if policy.authenticate is not None:
-            scope["user"] = who
         await self._pass(scope, receive, send, is_api)
 
     def _identify(self, token: str) -> Any | None:
         """Who ``token`` is (``authenticate``'s answer; True for the one token), or None."""
+        if not token:
+            return None
         if self.policy.authenticate is not None:
-            return self.policy.authenticate(token) if token else None
+            return self.policy.authenticate(token)
         if self._token is not None and hmac.compare_digest(token.encode(), self._token):
             return True
         return None
+
+    def _refusal(self, headers: dict[str, str], method: str, path: str, bearer: bool) -> tuple[int, str] | None:
+        """Why the request is refused before its token matters (status, detail), or None."""
+        policy = self.policy
+        host_header = headers.get("host", "")
+        if host_name(host_header) not in policy.allowed_hosts:
+            return 403, (f"Host {host_header!r} is not this server's (allowed: {sorted(policy.allowed_hosts)})"
+                         f"{policy.host_hint}")  # fmt: skip
+        if method not in SAFE_METHODS:
+            cross_site = self._cross_site(headers, host_header)
+            if cross_site is not None:
+                return 403, cross_site
+            content_type = headers.get("content-type")
+            has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+            no_body_allowed = content_type is None and not has_body and (method == "DELETE" or bearer)
+            if not (content_type is not None and is_json_type(content_type)) and not no_body_allowed:
+                return 415, (f"{method} {path} changes state: send its body as JSON, with 'Content-Type: "
+                             f"application/json' (got {content_type or 'no Content-Type'}; an empty body is {{}}, "
+                             "and a request with an 'Authorization: Bearer' token may send none at all)")  # fmt: skip
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > policy.max_body:
+            return 413, _too_large(method, path, policy.max_body, int(length))
+        return None
+
+    async def _refuse(self, scope: dict, send: Any, who: Any, status: int, detail: str) -> None:
+        if self.policy.on_refusal is not None:
+            self.policy.on_refusal(who, scope, status, detail)
+        await deny(send, status, detail)
 
     def _cross_site(self, headers: dict[str, str], host_header: str) -> str | None:
         """Why a state-changing request is refused as cross-site, or None."""
@@ -203,10 +254,8 @@ class Guard:
             return f"a {fetch_site} request (Sec-Fetch-Site) refused: only pages of this server may change its state"
         return None
 
-    def _supplied(self, headers: dict[str, str]) -> str:
-        auth = headers.get("authorization", "")
-        if auth.lower().startswith("bearer "):
-            return auth[7:].strip()
+    def _cookie(self, headers: dict[str, str]) -> str:
+        """The token in this server's own cookie, or ''."""
         name = self.policy.cookie_name
         if name and name in headers.get("cookie", ""):
             for part in headers["cookie"].split(";"):
@@ -215,33 +264,74 @@ class Guard:
                     return value
         return ""
 
-    async def _enter(self, scope: dict, send: Any, token: str) -> None:
-        """The dashboard's entry (the URL ``trainforge dashboard`` prints): the token becomes a cookie."""
-        raw = scope.get("raw_path") or scope.get("path", "/").encode()
-        location = safe_location(raw.decode("latin-1"), scope.get("query_string", b"").decode("latin-1"), "token")
-        cookie = f"{self.policy.cookie_name}={token}; HttpOnly; SameSite=Strict; Path=/"
-        if self.policy.tls:
-            cookie += "; Secure"
-        await send({"type": "http.response.start", "status": 303,
-                    "headers": [(b"location", location.encode("latin-1")), (b"set-cookie", cookie.encode()),
-                                (b"content-length", b"0")]})  # fmt: skip
-        await send({"type": "http.response.body", "body": b""})
-
     async def _pass(self, scope: dict, receive: Any, send: Any, is_api: bool) -> None:
-        if is_api:
-            await self.app(scope, receive, send)
+        body = _LimitedBody(self, scope, receive, send if is_api else _with_page_policy(send))
+        try:
+            await self.app(scope, body.receive, body.send)
+        except Exception:
+            if not body.cut:
+                raise
+            # The app failed to read the body the guard cut (the client "left"): answered 413 already.
+            logger.debug("%s %s: the app's error after its body was cut at the limit", scope["method"],
+                         scope.get("path"), exc_info=True)  # fmt: skip
+
+
+def _with_page_policy(send: Any) -> Any:
+    """``send`` adding ``nosniff`` and (unless the page sets its own) the strict CSP to a page's answer."""
+
+    async def send_with_policy(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            names = {k.lower() for k, _ in message.get("headers", [])}
+            extra = [(b"x-content-type-options", b"nosniff")]
+            if b"content-security-policy" not in names:
+                extra.append((b"content-security-policy", PAGE_CSP))
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+
+    return send_with_policy
+
+
+class _LimitedBody:
+    """A request's ``receive`` and ``send`` as the app gets them: the body counted as it is read and cut
+    past the guard's ``max_body``. The app then gets ``http.disconnect``, and the client a 413 in the
+    app's place (what the app sends after it is dropped), unless the app's own answer had begun."""
+
+    def __init__(self, guard: Guard, scope: dict, receive: Any, send: Any):
+        self._guard, self._scope, self._receive, self._send = guard, scope, receive, send
+        self._size = 0
+        self.cut = False  # the body passed the limit
+        self._answered = False  # the guard answered 413 in the app's place
+        self._started = False
+
+    async def receive(self) -> dict:
+        if self.cut:
+            return {"type": "http.disconnect"}
+        message: dict = await self._receive()
+        if message["type"] == "http.request":
+            self._size += len(message.get("body", b""))
+            limit = self._guard.policy.max_body
+            if self._size > limit:
+                self.cut = True
+                if not self._started:
+                    self._answered = self._started = True
+                    scope = self._scope
+                    detail = _too_large(scope["method"], scope.get("path", ""), limit, None)
+                    await self._guard._refuse(scope, self._send, scope.get("user"), 413, detail)
+                return {"type": "http.disconnect"}
+        return message
+
+    async def send(self, message: dict) -> None:
+        if self._answered:
             return
+        if message["type"] == "http.response.start":
+            self._started = True
+        await self._send(message)
 
-        async def send_with_policy(message: dict) -> None:  # pages and their files
-            if message["type"] == "http.response.start":
-                names = {k.lower() for k, _ in message.get("headers", [])}
-                extra = [(b"x-content-type-options", b"nosniff")]
-                if b"content-security-policy" not in names:
-                    extra.append((b"content-security-policy", PAGE_CSP))
-                message = {**message, "headers": [*message.get("headers", []), *extra]}
-            await send(message)
 
-        await self.app(scope, receive, send_with_policy)
+def _bearer(headers: dict[str, str]) -> str | None:
+    """The token of an ``Authorization: Bearer`` header, or None without one."""
+    auth = headers.get("authorization", "")
+    return auth[7:].strip() if auth.lower().startswith("bearer ") else None
 
 
 def _split_origin(origin: str) -> tuple[str, str]:

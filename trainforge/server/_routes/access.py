@@ -2,11 +2,15 @@
 
 The guard (:mod:`trainforge._internal.http.guard`) says *who* sends a request (its token: a user of
 :mod:`trainforge.server._users`, the state directory's ``admin``, or the scrape token's ``scraper``,
-put in the request's scope as ``user``); :func:`authorize`, a dependency of every route of the app,
-says whether they may: it finds the route's rule in :data:`RULES` (a route that reads and is not
-listed is ``read``; one that changes state and is not listed is ``unlisted``, which only admins
-pass, so a new route is never open by mistake: ``tests/test_server_access.py`` walks the route
-table and fails on it) and answers 403 naming the rule when the role does not allow it.
+put in the request's scope as ``user``); :class:`Access`, the ASGI layer right inside it, says
+whether they may, *before the app reads a byte of the body*: it finds the route that takes the
+request in the app's route table (as the app's router will), its rule in :data:`RULES` (a route
+that reads and is not listed is ``read``; one that changes state and is not listed is ``unlisted``,
+which only admins pass, so a new route is never open by mistake: ``tests/test_server_access.py``
+walks the route table and fails on it) and answers 403 naming the rule when the role does not allow
+it (:func:`authorize`). The route table is the app's own (:class:`RouteTable` includes each router
+in the app and in the table at once); a request it does not find has the rule of its bare path, so
+that a miss is never an opening (a change: ``unlisted``).
 
 | rule              | admin | member            | viewer | scraper |
 |-------------------|-------|-------------------|--------|---------|
@@ -23,16 +27,22 @@ table and fails on it) and answers 403 naming the rule when the role does not al
 
 Beyond the table, ``job.priority``: a member may give a job (at submission or later) a priority of
 at most ``TeamPolicy.member_max_priority`` (:func:`check_priority`), so that priority, and with it
-preemption, stays the admins' to hand out.
+preemption, stays the admins' to hand out; and ``record.on_behalf``: who registered a model version
+or moved an alias is the caller, and only an admin may record it for someone else
+(:func:`recorded_by`).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 import anyio
 from fastapi import Depends, HTTPException, Request
+from starlette.routing import compile_path
 
+from trainforge._internal.http import deny
 from trainforge.server._users import ADMIN_PRINCIPAL, Principal
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -117,38 +127,97 @@ def can(who: Principal, rule: str, owner: str | None = None) -> bool:
 def caller_of(request: Request) -> Principal:
     """Who sent ``request`` (the guard put them in its scope; without users, the token's holder is
     the admin)."""
-    who = request.scope.get("user")
+    return principal_of(request.scope)
+
+
+def principal_of(scope: Mapping[str, Any]) -> Principal:
+    """Who sent the request of ``scope`` (see :func:`caller_of`)."""
+    who = scope.get("user")
     return who if isinstance(who, Principal) else ADMIN_PRINCIPAL
 
 
 Caller = Annotated[Principal, Depends(caller_of)]
 
 
-async def authorize(request: Request) -> None:
-    """The dependency of every route: 403, naming the rule, unless the caller's role allows it.
-    Records the rule (and the job, for a job's route) in the scope for the audit log."""
-    route = request.scope.get("route")
-    path = getattr(route, "path", request.url.path)
-    rule = rule_for(request.method, path)
-    who = caller_of(request)
+class RouteTable:
+    """The app's routes as its router tries them, in order: (path template, methods), from the
+    routers the app includes (:meth:`include`, which includes each in the app too, so that the two
+    cannot differ). What :class:`Access` resolves a request by, before the app has seen it."""
+
+    def __init__(self) -> None:
+        self._routes: list[tuple[str, frozenset[str], re.Pattern[str]]] = []
+
+    def include(self, app: Any, router: Any, prefix: str = "") -> None:
+        """``app.include_router(router, prefix=prefix)``, and its routes into the table."""
+        app.include_router(router, prefix=prefix)
+        for route in router.routes:
+            path, methods = getattr(route, "path", None), getattr(route, "methods", None)
+            if not isinstance(path, str) or not methods:
+                raise TypeError(f"the access table cannot read route {route!r} of {router!r}: include only "
+                                "routers of plain routes (each with a path and methods)")  # fmt: skip
+            self._routes.append((prefix + path, frozenset(methods), compile_path(prefix + path)[0]))
+
+    def resolve(self, method: str, path: str) -> tuple[str, dict[str, str]] | None:
+        """The template and path parameters of the route that takes ``method path``, or None."""
+        for template, methods, regex in self._routes:
+            if method in methods:
+                match = regex.match(path)
+                if match is not None:
+                    return template, match.groupdict()
+        return None
+
+
+def describe(table: RouteTable, scope: Mapping[str, Any]) -> tuple[str, int | None]:
+    """The rule of the request of ``scope`` and the job it names (None: none, or not a valid job id:
+    the route's own validation answers 422). A request no route of ``table`` takes gets the rule of
+    its bare path (a read ``read``, a change ``unlisted``: only admins), so nothing is open by a miss."""
+    method, path = scope["method"], scope.get("path", "")
+    found = table.resolve(method, path)
+    if found is None:
+        return rule_for(method, path), None
+    template, params = found
     job_id: int | None = None
     try:
-        job_id = int(request.path_params["job_id"]) if "job_id" in request.path_params else None
+        job_id = int(params["job_id"]) if "job_id" in params else None
     except ValueError:
-        job_id = None  # not a job id: the route's own validation answers 422
+        job_id = None
     if job_id is not None and not 0 <= job_id <= 2**62:
-        job_id = None  # out of range: 422 too
-    request.scope["trainforge.access"] = (rule, job_id)
+        job_id = None
+    return rule_for(method, template), job_id
+
+
+async def authorize(app: Any, table: RouteTable, scope: dict) -> str | None:
+    """Why the caller of ``scope`` may not do what it asks of ``app`` (403's detail), or None.
+    Records the rule and the job in the scope (``trainforge.access``) for the audit log. The owner
+    of a job a member would change is read from the store (never the request's body)."""
+    rule, job_id = scope["trainforge.access"] = describe(table, scope)
+    who = principal_of(scope)
     owner = None
     if rule in OWN_ONLY and job_id is not None and who.role == "member":
-        store = request.app.state.api.service.store
+        store = app.state.api.service.store
         rows = await anyio.to_thread.run_sync(store.query, "SELECT owner FROM jobs WHERE id=?", (job_id,))
         if not rows:
-            return  # no such job: the route answers 404
+            return None  # no such job: the route answers 404
         owner = rows[0][0]
-    why = refusal(who, rule, owner=owner, job_id=job_id)
-    if why is not None:
-        raise HTTPException(403, why)
+    return refusal(who, rule, owner=owner, job_id=job_id)
+
+
+class Access:
+    """The ASGI layer between the guard and ``app`` (whose routes are ``table``'s) that refuses, with
+    403 naming the rule, what the caller's role does not allow (:func:`authorize`), before ``app``
+    reads the request's body."""
+
+    def __init__(self, app: Any, table: RouteTable):
+        self.app = app
+        self.table = table
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            why = await authorize(self.app, self.table, scope)
+            if why is not None:
+                await deny(send, 403, why)
+                return
+        await self.app(scope, receive, send)
 
 
 def check_priority(who: Principal, priority: int | None, limit: int) -> None:
@@ -156,3 +225,16 @@ def check_priority(who: Principal, priority: int | None, limit: int) -> None:
     if priority is not None and priority > limit and not who.is_admin:
         raise HTTPException(403, f"forbidden by rule 'job.priority': a {who.role} may give a job a priority of at most "
                                  f"{limit}, not {priority}: ask an admin to raise it")  # fmt: skip
+
+
+def recorded_by(who: Principal, by: str | None) -> str:
+    """Who a registry change is recorded as (a version's ``created_by``, an alias move's ``by``):
+    the caller; an admin's ``by`` naming someone else as ``"<by> (recorded by <admin>)"``. 403 (rule
+    ``record.on_behalf``) when anyone else names another in ``by``."""
+    if by is None or by == who.name:
+        return who.name
+    if who.is_admin:
+        return f"{by} (recorded by {who.name})"
+    raise HTTPException(403, f"forbidden by rule 'record.on_behalf': only admins may record a change in someone "
+                             f"else's name, and {who.name!r} is a {who.role} who gave by={by!r}: leave 'by' out "
+                             f"(you are recorded as {who.name!r})")  # fmt: skip

@@ -1,18 +1,21 @@
 """What the API's routers share: the per-app state they take the service from (a dependency, not a
-closure), the errors they answer in one shape, and the server-sent events they stream."""
+closure), the errors they answer in one shape, and the server-sent events they stream (each ends
+within a poll once its caller's credential no longer holds: :func:`still_signed_in`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Annotated, Any, TypeVar
 
 import anyio
 from fastapi import Depends, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
+from trainforge.server._routes.access import caller_of
 from trainforge.server._schemas import JobOut, invalid, job_out
 from trainforge.server._series import SeriesCache
 from trainforge.server._service import JobService, NotFoundError
@@ -62,8 +65,22 @@ async def service_of(request: Request) -> JobService:
     return request.app.state.api.service  # type: ignore[no-any-return]
 
 
+def still_signed_in(request: Request) -> Callable[[], bool]:
+    """Whether the caller of ``request`` is still signed in, asked as a lasting request goes on (a
+    removed user, a rotated token, a job's credential once the job ended: no longer). The one check
+    of every stream, through :meth:`UserBook.is_current <trainforge.server._users.UserBook.is_current>`
+    or, for a job's credential, :meth:`JobTokens.live <trainforge.server._job_tokens.JobTokens.live>`."""
+    who = caller_of(request)
+    service = request.app.state.api.service
+    if who.job_id is not None:
+        job_id = who.job_id
+        return lambda: bool(service.job_tokens.live(job_id))
+    return lambda: bool(service.users.is_current(who))
+
+
 Api = Annotated[ApiState, Depends(api_state)]
 Service = Annotated[JobService, Depends(service_of)]
+SignedIn = Annotated[Callable[[], bool], Depends(still_signed_in)]
 
 
 def job_out_for(service: JobService, job: JobRow) -> JobOut:
@@ -90,21 +107,26 @@ def resume_at(last_event_id: str | None, default: int) -> int:
         ) from None
 
 
-def sse_response(events: AsyncIterator[Event | None]) -> StreamingResponse:
-    """Server-sent events from ``events`` (``None``: nothing new; a comment goes out every 15 s so
-    proxies keep an idle stream open). A client that goes away just ends the generator."""
+def sse_response(events: AsyncGenerator[Event | None, None], signed_in: Callable[[], bool]) -> StreamingResponse:
+    """Server-sent events from ``events`` (``None``: nothing new, yielded at each of its polls; a
+    comment goes out every 15 s so proxies keep an idle stream open). It ends once ``signed_in()``
+    (:func:`still_signed_in`), asked at every item, says the caller's credential no longer holds. A
+    client that goes away just ends the generator."""
 
     async def body() -> AsyncIterator[bytes]:
         last = time.monotonic()
-        async for item in events:
-            now = time.monotonic()
-            if item is None:
-                if now - last >= KEEPALIVE_S:
-                    last = now
-                    yield b": keepalive\n\n"
-                continue
-            last = now
-            event, ident, data = item
-            yield f"event: {event}\nid: {ident}\ndata: {json.dumps(data, default=str)}\n\n".encode()
+        async with contextlib.aclosing(events):
+            async for item in events:
+                if not signed_in():
+                    return  # removed, or their token rotated: what they follow ends with it
+                now = time.monotonic()
+                if item is None:
+                    if now - last >= KEEPALIVE_S:
+                        last = now
+                        yield b": keepalive\n\n"
+                    continue
+                last = now
+                event, ident, data = item
+                yield f"event: {event}\nid: {ident}\ndata: {json.dumps(data, default=str)}\n\n".encode()
 
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -19,7 +19,7 @@ import over an experiment whose trials ran here; 503 importance without Optuna o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
@@ -42,7 +42,16 @@ from trainforge.server._experiment_schemas import (
 )
 from trainforge.server._experiments import ExperimentNotFound, Experiments, NotATrial
 from trainforge.server._importance import OptunaMissing
-from trainforge.server._routes.common import SSE, Api, Event, Service, job_or_404, resume_at, sse_response
+from trainforge.server._routes.common import (
+    SSE,
+    Api,
+    Event,
+    Service,
+    SignedIn,
+    job_or_404,
+    resume_at,
+    sse_response,
+)
 from trainforge.server._schemas import JobId
 
 router = APIRouter()
@@ -135,7 +144,7 @@ def _changes(ex: Experiments, experiment_id: int, rev: int) -> tuple[list[Event]
 
 @router.get("/experiments/{experiment_id}/stream", response_class=StreamingResponse, responses={**NOT_FOUND, **SSE})
 def stream(
-    api: Api, ex: ExperimentsDep, experiment_id: ExperimentId,
+    api: Api, signed_in: SignedIn, ex: ExperimentsDep, experiment_id: ExperimentId,
     after: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     last_event_id: Annotated[str | None, Header(max_length=32)] = None,
 ) -> StreamingResponse:  # fmt: skip
@@ -146,7 +155,7 @@ def stream(
     _answer(lambda: views.get_experiment(ex, experiment_id))
     start = resume_at(last_event_id, after if after is not None else ex.rev)
 
-    async def changes(rev: int) -> AsyncIterator[Event | None]:
+    async def changes(rev: int) -> AsyncGenerator[Event | None, None]:
         while True:
             batch, experiment = await api.read_off_loop(_changes, ex, experiment_id, rev)
             for event in batch:
@@ -160,7 +169,7 @@ def stream(
             yield None
             await asyncio.sleep(STREAM_POLL_S)
 
-    return sse_response(changes(start))
+    return sse_response(changes(start), signed_in)
 
 
 @router.post("/experiments/import", response_model=ExperimentOut, status_code=201,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query
@@ -27,6 +27,7 @@ from trainforge.server._routes.common import (
     Api,
     Event,
     Service,
+    SignedIn,
     job_or_404,
     job_out_for,
     resume_at,
@@ -104,6 +105,7 @@ def logs(
 @router.get("/jobs/{job_id}/logs/stream", response_class=StreamingResponse, responses={**ERRORS, **SSE})
 def logs_stream(
     api: Api,
+    signed_in: SignedIn,
     job_id: JobId,
     rank: Annotated[int | None, Query(ge=0, le=100_000)] = None,
     offset: Annotated[int | None, Query(ge=0, le=2**62)] = None,
@@ -118,7 +120,7 @@ def logs_stream(
     if start < 0:
         start = _read_range(_log_path(service, job, rank), offset, tail).offset
 
-    async def log_events(pos: int) -> AsyncIterator[Event | None]:
+    async def log_events(pos: int) -> AsyncGenerator[Event | None, None]:
         while True:
             job = await api.read_off_loop(service.get, job_id)
             chunk = _read_range(_log_path(service, job, rank), pos, None)
@@ -132,12 +134,13 @@ def logs_stream(
             yield None
             await asyncio.sleep(POLL_S)
 
-    return sse_response(log_events(start))
+    return sse_response(log_events(start), signed_in)
 
 
 @router.get("/jobs/{job_id}/stream", response_class=StreamingResponse, responses={**ERRORS, **SSE})
 def job_stream(
     api: Api,
+    signed_in: SignedIn,
     job_id: JobId,
     start: Literal["begin", "end"] = "begin",
     offset: Annotated[int | None, Query(ge=0, le=2**62)] = None,
@@ -152,7 +155,7 @@ def job_stream(
     path = service.files.events(job_id)
     first = offset if offset is not None else end_offset(path) if start == "end" else 0
 
-    async def run_events(pos: int) -> AsyncIterator[Event | None]:
+    async def run_events(pos: int) -> AsyncGenerator[Event | None, None]:
         while True:
             job = await api.read_off_loop(service.get, job_id)
             batch, after = events_with_offsets(path, pos, limit=MAX_CHUNK)
@@ -167,7 +170,7 @@ def job_stream(
             yield None
             await asyncio.sleep(POLL_S)
 
-    return sse_response(run_events(resume_at(last_event_id, first)))
+    return sse_response(run_events(resume_at(last_event_id, first)), signed_in)
 
 
 @router.get("/jobs/{job_id}/events", response_model=list[EventOut], responses=ERRORS)
@@ -182,6 +185,7 @@ def job_events(
 @router.get("/events", response_class=StreamingResponse, responses=SSE)
 def events(
     api: Api,
+    signed_in: SignedIn,
     after: Annotated[int | None, Query(ge=0, le=2**62)] = None,
     last_event_id: Annotated[str | None, Header(max_length=32)] = None,
 ) -> StreamingResponse:
@@ -191,7 +195,7 @@ def events(
     store = api.service.store
     seq = resume_at(last_event_id, after if after is not None else store.last_seq)
 
-    async def store_events(seq: int) -> AsyncIterator[Event | None]:
+    async def store_events(seq: int) -> AsyncGenerator[Event | None, None]:
         while True:
             # A query only once the store has committed an event after seq (it counts them itself).
             batch = await api.read_off_loop(store.events_after, seq) if store.last_seq > seq else []
@@ -202,4 +206,4 @@ def events(
                 yield None
                 await asyncio.sleep(POLL_S)
 
-    return sse_response(store_events(seq))
+    return sse_response(store_events(seq), signed_in)

@@ -12,6 +12,10 @@
     DELETE /models/{name}/aliases/{alias}       remove it
     GET    /models/{name}/aliases/history       every move of every alias (?alias= for one), oldest first
     POST   /models/gc                           remove files no version refers to any more
+
+Who registered a version (``created_by``) and who moved an alias (``by`` in its history) is the
+authenticated caller; an admin's ``by`` naming someone else is recorded as ``"<by> (recorded by
+<admin>)"``, and anyone else's is 403 (rule ``record.on_behalf``: :func:`~trainforge.server._routes.access.recorded_by`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from fastapi import APIRouter, Body, HTTPException, Query
 from fastapi.responses import Response
 
 from trainforge.server._models import ERRORS, ModelsDep, check_alias, job_result, model_out, move_out
+from trainforge.server._routes.access import Caller, recorded_by
 from trainforge.server._schemas import (
     AliasIn,
     AliasMoveOut,
@@ -56,7 +61,7 @@ def get_model(models: ModelsDep, name: ModelName) -> ModelOut:
 
 
 @router.post("/models/{name}/versions", response_model=VersionOut, status_code=201, responses=ERRORS)
-def register(models: ModelsDep, name: ModelName, body: Annotated[RegisterIn, Body()]) -> VersionOut:
+def register(models: ModelsDep, caller: Caller, name: ModelName, body: Annotated[RegisterIn, Body()]) -> VersionOut:
     """Register the next version of ``name`` from a job of this server (its latest checkpoint, with
     the job's run as lineage) or from a checkpoint path or URL the server can read."""
     if (body.job is None) == (body.source is None):
@@ -66,12 +71,13 @@ def register(models: ModelsDep, name: ModelName, body: Annotated[RegisterIn, Bod
         raise invalid(("body", "loader"), "give 'model_class' or 'loader', not both")
     if body.alias is not None:
         check_alias(body.alias)
+    by = recorded_by(caller, body.by)
     source: Any = body.source
     if body.job is not None:
         source = job_result(models.service, body.job)
     mv = models.call("register", name, source, model_cls=body.model_class, loader=body.loader,
                      metrics=body.metrics, tags=body.tags, description=body.description, alias=body.alias,
-                     by=body.by)  # fmt: skip
+                     by=by)  # fmt: skip
     return models.version(name, mv.version)
 
 
@@ -113,19 +119,24 @@ def alias_history(
 
 
 @router.put("/models/{name}/aliases/{alias}", response_model=AliasMoveOut, responses=ERRORS)
-def set_alias(models: ModelsDep, name: ModelName, alias: AliasName, body: Annotated[AliasIn, Body()]) -> AliasMoveOut:
+def set_alias(models: ModelsDep, caller: Caller, name: ModelName, alias: AliasName,
+              body: Annotated[AliasIn, Body()]) -> AliasMoveOut:  # fmt: skip
     """Point ``alias`` at ``version`` (set it, or move it): the move goes into its history."""
     check_alias(alias)
+    by = recorded_by(caller, body.by)
     models.call("get", f"{name}/{body.version}")  # 404 for an unknown model or version
-    return move_out(models.call("set_alias", name, alias, body.version, by=body.by))
+    return move_out(models.call("set_alias", name, alias, body.version, by=by))
 
 
 @router.delete("/models/{name}/aliases/{alias}", response_model=AliasMoveOut, responses=ERRORS)
 def delete_alias(
-    models: ModelsDep, name: ModelName, alias: AliasName,
-    by: Annotated[str | None, Query(min_length=1, max_length=200, description="who removes it")] = None,
+    models: ModelsDep, caller: Caller, name: ModelName, alias: AliasName,
+    by: Annotated[str | None, Query(min_length=1, max_length=200,
+                                    description="who removes it: default the caller (only an admin may name "
+                                    "someone else)")] = None,
 ) -> AliasMoveOut:  # fmt: skip
     check_alias(alias)
+    by = recorded_by(caller, by)
     model = models.call("get_model", name)
     if alias not in (model.aliases or {}):
         raise HTTPException(404, f"model {name!r} has no alias {alias!r} (its aliases: {sorted(model.aliases or {})})")
