@@ -139,10 +139,11 @@ def _prepare(job_dir: str, job_id: str | None) -> dict[str, Any]:
             raise _NotStarted(f"cannot run in the job's working directory (cwd) {cwd!r}: {why}. Submit it with a cwd "
                               f"that exists on the server's machine and that {_who()} may enter "
                               "(`trainforge submit` sends the directory it is run in)", "user_error") from None  # fmt: skip
-    path = spec.get("path")
-    if spec["kind"] == "script" and isinstance(path, str) and not os.access(path, os.R_OK):
-        why = "it is not there" if not os.path.exists(path) else "permission denied"
-        raise _NotStarted(f"cannot read the job's script {path!r} ({why}): it must be readable by {_who()}", "user_error")
+    script = spec.get("path")
+    if spec["kind"] == "script" and isinstance(script, str) and not os.access(script, os.R_OK):
+        problem = "it is not there" if not os.path.exists(script) else "permission denied"
+        raise _NotStarted(f"cannot read the job's script {script!r} ({problem}): it must be readable by {_who()}",
+                          "user_error")  # fmt: skip
     sys_path = spec.get("sys_path") or []
     if not isinstance(sys_path, list) or not all(isinstance(e, str) for e in sys_path):
         raise _NotStarted(f"the job's sys_path is {sys_path!r}: give a list of directories", "user_error")
