@@ -30,12 +30,13 @@ from trainforge.server._team_policy import TeamPolicy  # noqa: E402
 P = "/api/v1"
 SCRAPE = "scrape-token-0123456789abcdef"
 ROLES = ("owner", "member", "viewer", "scraper", "admin")  # admin last: its changes may end the job
-MEMBER = {"read", "metrics.scrape", "job.submit", "job.change", "experiment.write", "model.write", "serve.predict"}
+MEMBER = {"read", "metrics.scrape", "job.submit", "job.change", "experiment.write", "model.write", "serve.predict",
+          "job.result"}  # job.result: on their own jobs (test_a_jobs_result_is_its_owners_alone_whatever_the_role)
 ALLOWED: dict[str, set[str] | None] = {  # None: every rule
     "admin": None,
     "owner": MEMBER,
     "member": MEMBER - {"job.change"},
-    "viewer": {"read", "metrics.scrape"},
+    "viewer": {"read", "metrics.scrape", "job.result"},
     "scraper": {"metrics.scrape"},
 }
 STREAMS = re.compile(r"/(events|stream)$")
@@ -89,7 +90,8 @@ def _operations() -> list[tuple[str, str]]:
 
 OPERATIONS = _operations()
 CHANGES = [(m, p) for m, p in OPERATIONS if m not in access.SAFE_METHODS]
-READS = [(m, p) for m, p in OPERATIONS if m in access.SAFE_METHODS and not STREAMS.search(p)]
+READS = [(m, p) for m, p in OPERATIONS if m in access.SAFE_METHODS and not STREAMS.search(p)
+         and access.rule_for(m, p) == "read"]
 
 
 def test_every_state_changing_route_has_a_rule_of_its_own():
@@ -132,6 +134,20 @@ def test_every_role_reads_every_route_but_the_scrape_token_reads_only_metrics(te
             assert r.status_code not in (401, 403), (role, path, r.text)
         else:
             assert r.status_code == 403 and "rule 'read'" in r.json()["detail"], (role, path, r.text)
+
+
+def test_a_jobs_result_is_its_owners_alone_whatever_the_role(team):
+    """A Result is a pickle the job's code wrote: nobody but its owner is handed one (an admin
+    neither), and the refusal comes before the job's state is even looked at."""
+    api = team()
+    job = api.submit_as("owner", hold=True)  # ann's
+    path = f"{P}/jobs/{job['id']}/result"
+    assert api.as_("owner", "GET", path).status_code == 409  # hers: not ended yet, so no Result yet
+    for role in ("admin", "member", "viewer"):
+        r = api.as_(role, "GET", path)
+        assert r.status_code == 403 and "rule 'job.result'" in r.json()["detail"], (role, r.text)
+    r = api.as_("scraper", "GET", path)
+    assert r.status_code == 403 and "scrape token" in r.json()["detail"], r.text
 
 
 def test_jobs_have_owners_members_change_only_their_own_and_the_403_names_the_rule(team):

@@ -59,14 +59,14 @@ def write_atomic(path: str, data: bytes | str, *, mode: int = FILE_MODE, fsync: 
 
 def open_append(path: str, encoding: str | None = None) -> IO[Any]:
     """``path`` opened to append to (binary, or text in ``encoding``), created if need be; 0600
-    whatever the umask (and an existing file is made so). Never through a symbolic link: OSError."""
+    whatever the umask (and an existing file is made so). Never through a symbolic link (OSError),
+    never waiting for a FIFO's reader (ENXIO); a device (``/dev/null``) is taken as it is."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
                  FILE_MODE)  # fmt: skip
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotRegularFileError(errno.EINVAL, f"{path} is not a regular file: not written")
         os.set_blocking(fd, True)
-        os.fchmod(fd, FILE_MODE)
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.fchmod(fd, FILE_MODE)
         return os.fdopen(fd, "a" if encoding else "ab", encoding=encoding)
     except BaseException:
         os.close(fd)

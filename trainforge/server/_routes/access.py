@@ -23,7 +23,12 @@ that a miss is never an opening (a change: ``unlisted``).
 | serve.predict     | yes   | yes               | no     | no      |
 | model.admin       | yes   | no                | no     | no      |
 | user.admin        | yes   | no                | no     | no      |
+| job.result        | their own jobs | their own jobs | their own jobs | no |
 | unlisted          | yes   | no                | no     | no      |
+
+``job.result`` (``GET /jobs/{id}/result``, the pickled ``Result``) is the owner's alone, admins
+included (:data:`OWNER_ONLY`): the pickle is what the job's code wrote, and unpickling it runs code,
+so no one's client is handed another user's; the job's metrics and checkpoints are ``read``.
 
 Beyond the table, ``job.priority``: a member may give a job (at submission or later) a priority of
 at most ``TeamPolicy.member_max_priority`` (:func:`check_priority`), so that priority, and with it
@@ -70,15 +75,17 @@ RULES: dict[tuple[str, str], str] = {
     ("POST", f"{P}/users/{{name}}/rotate"): "user.admin",
     ("DELETE", f"{P}/users/{{name}}"): "user.admin",
     ("GET", "/metrics"): "metrics.scrape",
+    ("GET", f"{P}/jobs/{{job_id}}/result"): "job.result",
 }
 # What each role may do (admins: everything). Rules in OWN_ONLY a member may use on their own jobs only.
 ROLE_RULES: dict[str, frozenset[str]] = {
     "member": frozenset({"read", "metrics.scrape", "job.submit", "job.change", "experiment.write", "model.write",
-                         "serve.predict"}),  # fmt: skip
-    "viewer": frozenset({"read", "metrics.scrape"}),
+                         "serve.predict", "job.result"}),  # fmt: skip
+    "viewer": frozenset({"read", "metrics.scrape", "job.result"}),
     "scraper": frozenset({"metrics.scrape"}),
 }
 OWN_ONLY = frozenset({"job.change"})
+OWNER_ONLY = frozenset({"job.result"})  # their own jobs only, whatever the role (admins too)
 # The same, by the path below the API's prefix: how a route sees its own path depends on FastAPI's version
 # (included with a prefix, a route's ``path`` has it or not), and pages and the API share no state-changing path.
 _BY_TAIL = {(method, path.removeprefix(P)): rule for (method, path), rule in RULES.items()}
@@ -88,6 +95,7 @@ WHAT = {
     "job.submit": "submit jobs", "job.change": "change jobs", "experiment.write": "import experiments",
     "model.write": "register models and move aliases", "model.admin": "delete model versions or collect garbage",
     "serve.predict": "ask for predictions", "user.admin": "manage users", "read": "read",
+    "job.result": "fetch a job's Result",
     UNLISTED: "use this route (it has no rule of its own yet)",
 }  # fmt: skip
 
@@ -103,6 +111,10 @@ def rule_for(method: str, path: str) -> str:
 
 def refusal(who: Principal, rule: str, *, owner: str | None = None, job_id: int | None = None) -> str | None:
     """Why ``who`` may not act under ``rule`` (on a job of ``owner``), or None if they may."""
+    if rule in OWNER_ONLY and owner is not None and owner != who.name and who.role != "scraper":
+        return (f"forbidden by rule {rule!r}: job {job_id}'s Result is a pickle that {owner!r}'s job wrote, and "
+                f"unpickling it runs code: only {owner!r} may fetch it (its metrics and checkpoints are in "
+                f"GET /jobs/{job_id})")  # fmt: skip
     if who.role == "admin":
         return None
     allowed = ROLE_RULES.get(who.role, frozenset())
@@ -193,7 +205,7 @@ async def authorize(app: Any, table: RouteTable, scope: dict) -> str | None:
     rule, job_id = scope["trainforge.access"] = describe(table, scope)
     who = principal_of(scope)
     owner = None
-    if rule in OWN_ONLY and job_id is not None and who.role == "member":
+    if job_id is not None and (rule in OWN_ONLY and who.role == "member" or rule in OWNER_ONLY):
         store = app.state.api.service.store
         rows = await anyio.to_thread.run_sync(store.query, "SELECT owner FROM jobs WHERE id=?", (job_id,))
         if not rows:

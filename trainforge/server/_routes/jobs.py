@@ -105,16 +105,12 @@ def delete_job(service: Service, job_id: JobId) -> Response:
 
 
 @router.get("/jobs/{job_id}/result", responses={**ERRORS, 200: {"content": {"application/octet-stream": {}}},
-                                                 403: {"description": "the job is not the caller's"}})  # fmt: skip
-def result(service: Service, caller: Caller, job_id: JobId) -> Response:
+                                                 403: {"description": "the job is not the caller's (rule job.result)"}})  # fmt: skip
+def result(service: Service, job_id: JobId) -> Response:
     """The run's :class:`trainforge.Result`, cloudpickled (trainer jobs, once ended), to the job's
-    owner only (rule ``job.result``): the pickle is what the job's code wrote, and unpickling it runs
-    code, so nobody else's client is ever handed it (an admin neither: its metrics are in the API)."""
+    owner only (rule ``job.result``, checked before the route: the pickle is what the job's code
+    wrote, and unpickling it runs code)."""
     job = job_or_404(service, job_id)
-    if caller.name != job.owner:
-        raise HTTPException(403, f"forbidden by rule 'job.result': job {job_id}'s Result is a pickle that "
-                                 f"{job.owner!r}'s job wrote, and unpickling it runs code: only {job.owner!r} may "
-                                 f"fetch it. Its metrics and checkpoints are in GET /jobs/{job_id}")  # fmt: skip
     if not job.state.terminal:
         raise HTTPException(409, f"job {job_id} is {job.state}: its result exists once it has ended")
     try:
