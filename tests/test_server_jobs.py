@@ -557,7 +557,7 @@ def test_submit_starts_its_server_on_the_default_port_when_that_is_free(tmp_path
     class Stop(Exception):
         pass
 
-    def start(state_dir=None, *, extra_args=None, timeout_s=60.0):
+    def start(state_dir=None, *, extra_args=None, timeout_s=60.0, announce=print):
         started.append(list(extra_args or []))
         raise Stop  # no real server: what it was asked for is the test
 

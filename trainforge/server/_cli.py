@@ -158,7 +158,7 @@ def _server_start(args: Any) -> int:
         **start_config(args),
     )  # fmt: skip
     if args.detach:
-        from trainforge.server._main import dashboard_url, read_token, start_background_server
+        from trainforge.server._main import dashboard_url, own_terminal, read_token, start_background_server
 
         forward = ["--host", args.host, "--port", str(args.port), "--stop-grace", str(args.stop_grace)]
         if args.capacity:
@@ -177,7 +177,8 @@ def _server_start(args: Any) -> int:
         print(f"trainforge server: starting in the background (output in {config.state_dir}/server.log) ...", flush=True)
         url = start_background_server(config.state_dir, extra_args=forward)
         print(f"trainforge server: serving {url}\n  token: {config.state_dir}/token   state: {config.state_dir}")
-        print(f"  dashboard: {dashboard_url(url, read_token(config.state_dir))}")
+        shown = read_token(config.state_dir) if own_terminal() else None  # never into a log or a pipe
+        print(f"  dashboard: {dashboard_url(url, shown)}")
         return 0
     from trainforge.server._main import serve
 
