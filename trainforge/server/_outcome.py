@@ -1,7 +1,10 @@
 """How a job's run ended, as the changes the service records: from the outcome its runner wrote
 (``exit.json``), or, without one, from why the runner is gone (killed while the job was stopping;
 else *lost*: requeued while the job has retries left, failed after that). A job that was being
-preempted goes back to the queue (unless it had just succeeded)."""
+preempted goes back to the queue (unless it had just succeeded). A job whose runner never started
+(the server died after recording it STARTING, before its runner's pid: no runner found alive at
+restart, no outcome) goes back to the queue as it was, its attempt not counted: that spends no
+retry, and a job with ``max_retries=0`` still runs once."""
 
 from __future__ import annotations
 
@@ -41,6 +44,10 @@ def run_ended(job: JobRow, outcome: dict[str, Any] | None, returncode: int | Non
     if job.state == JobState.STOPPING:
         fields = {"state": JobState.STOPPED, "exit_code": returncode, "failure_class": "stopped", **common}
         return [(job.id, JobEvent.ENDED, {"exit_code": returncode, "killed": True}, fields)], False
+    if job.state == JobState.STARTING and job.pid is None:  # the server died before starting its runner
+        attempt = max(0, job.attempt - 1)
+        payload = {"attempt": attempt, "max_retries": job.max_retries, "not_started": True}
+        return [(job.id, JobEvent.REQUEUED, payload, {"state": JobState.QUEUED, "attempt": attempt, "pid": None})], True
     how = f"exit code {returncode}" if returncode is not None and returncode >= 0 else (
         f"killed by {signal.Signals(-returncode).name}" if returncode is not None else "gone"
     )  # fmt: skip
