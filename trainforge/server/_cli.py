@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
 from typing import Any
 
 from trainforge._internal.key_values import parse_key_values
+from trainforge._internal.resources import MIN_CPU_PER_WORKER
 from trainforge.server._cli_listing import (
     client,
     jobs_command,
@@ -67,7 +69,8 @@ def add_commands(sub: Any) -> None:
     submit.add_argument("target", help="script.py (its fit() calls are the job's runs) or pkg.module:function")
     submit.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script or function")
     submit.add_argument("--workers", default="1", help="workers (N, or MIN-MAX for an elastic job); default 1")
-    submit.add_argument("--cpus", type=float, default=1.0, help="CPUs per worker (default 1)")
+    submit.add_argument("--cpus", type=float, default=1.0,
+                        help=f"CPUs per worker (default 1; each worker counts at least {MIN_CPU_PER_WORKER:g})")
     submit.add_argument("--gpus", type=float, default=0.0, help="GPUs per worker (default 0)")
     submit.add_argument("--memory", help="memory per worker, e.g. 4G (admission only)")
     submit.add_argument("--resources", type=parse_resources, help="other resources per worker, e.g. TPU=1")
@@ -281,6 +284,10 @@ def _submit(args: Any) -> int:
     from trainforge.server._submission import EARLIER_TRY
 
     target = args.target
+    for flag, amount in (("--cpus", args.cpus), ("--gpus", args.gpus)):
+        if not (math.isfinite(amount) and amount >= 0):
+            raise SystemExit(f"trainforge submit: {flag} {amount:g}: give a finite number >= 0 per worker (e.g. 0.5; "
+                             f"each worker counts at least {MIN_CPU_PER_WORKER:g} CPU)")  # fmt: skip
     per_worker: dict[str, float] = {"CPU": args.cpus}
     if args.gpus:
         per_worker["GPU"] = args.gpus

@@ -157,11 +157,6 @@ class JobService:
         if self.warm:
             self.processes.start_zygote()
 
-    @property
-    def warm_pool(self) -> dict[str, Any]:
-        """The warm pool's state, for /health and the dashboard."""
-        return self.processes.warm_pool
-
     def active_jobs(self) -> list[int]:
         with self._lock:
             return sorted(self.processes.runners)
@@ -353,6 +348,7 @@ class JobService:
             self.team.preempt(decision.preempt, decision.blocked, now)
             self.elastic.shrink(self._waiting.get(decision.blocked) if decision.blocked is not None else None)
             self.elastic.grow(decision.reserved, self.team.headroom)
+            self.team.settle(now)  # what started or grew is charged from now
 
     def _stop_preempted(self, job_id: int) -> None:
         self.processes.stop_job(job_id, grace_s=self.stop_grace_s)
