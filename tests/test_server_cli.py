@@ -579,6 +579,10 @@ def test_user_errors_are_one_line_without_traceback(train_server, tmp_path):
     assert msg == "trainforge submit: --env 'NOVALUE': write KEY=VALUE"
     msg = one_line_error(tf(d, "submit", "not_a_target"))
     assert "'not_a_target' is neither a script (.py) nor pkg.module:function" in msg
+    for flag, bad in (("--cpus", "-1"), ("--cpus", "nan"), ("--cpus", "inf"), ("--gpus", "-0.5")):
+        msg = one_line_error(tf(d, "submit", f"{flag}={bad}", END, "0"))
+        assert msg == (f"trainforge submit: {flag} {float(bad):g}: give a finite number >= 0 per worker (e.g. 0.5; "
+                       "each worker counts at least 0.1 CPU)"), msg  # fmt: skip
     msg = one_line_error(tf(d, "submit", "--workers", "0", END, "0"))
     assert msg == "trainforge: workers: Input should be greater than or equal to 1 (HTTP 422)"
     msg = one_line_error(tf(d, "submit", "--workers", "3", END, "0"))  # more than the server has
