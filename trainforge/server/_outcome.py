@@ -4,7 +4,8 @@ else *lost*: requeued while the job has retries left, failed after that). A job 
 preempted goes back to the queue (unless it had just succeeded). A job whose runner never started
 (the server died after recording it STARTING, before its runner's pid: no runner found alive at
 restart, no outcome) goes back to the queue as it was, its attempt not counted: that spends no
-retry, and a job with ``max_retries=0`` still runs once."""
+retry, and a job with ``max_retries=0`` still runs once. A job whose files are incomplete never
+runs: it fails, saying what is missing (:func:`broken`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ from typing import Any
 
 from trainforge.server._state import JobEvent, JobState
 from trainforge.server._store import Change, JobRow
+
+
+def broken(job_id: int, missing: str, now: float) -> Change:
+    """The end of a job that cannot run because its files are incomplete (``missing``: which)."""
+    error = f"the job's files are incomplete (missing {missing} in the server's state directory): it cannot run; submit it again"
+    return job_id, JobEvent.ENDED, {"error": error}, {"state": JobState.FAILED, "failure_class": "infra", "error": error,
+                                                      "ended_at": now, "pid": None}  # fmt: skip
 
 
 def run_ended(job: JobRow, outcome: dict[str, Any] | None, returncode: int | None, now: float) -> tuple[list[Change], bool]:

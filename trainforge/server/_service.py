@@ -36,7 +36,7 @@ from trainforge.server._crash import crash_point
 from trainforge.server._elastic import Elastic
 from trainforge.server._idempotency import ConflictError, NotFoundError, resubmitted, submission_digest
 from trainforge.server._job_files import JobFiles
-from trainforge.server._outcome import run_ended
+from trainforge.server._outcome import broken, run_ended
 from trainforge.server._processes import Processes, alive, find_job_processes, job_env
 from trainforge.server._scheduler import Decision, JobRequest, Pending, check_fits, decide, free_resources
 from trainforge.server._state import ACTIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobEvent, JobState
@@ -110,7 +110,7 @@ class JobService:
             for job in self.store.jobs(WAITING_STATES, newest_first=False):
                 missing = self.files.missing(job)
                 if missing is not None:
-                    self._fail_broken(job.id, missing)
+                    self.store.update_many([broken(job.id, missing, time.time())])
                     counts["broken"] += 1
                     continue
                 self._waiting.put(request_of(job))
@@ -143,12 +143,6 @@ class JobService:
             threading.Thread(target=self._stop_preempted if preempting else self.stop, args=(job_id,), daemon=True,
                              name=f"tf-job{job_id}-stop").start()  # fmt: skip
         return counts
-
-    def _fail_broken(self, job_id: int, missing: str) -> None:
-        error = (f"the job's files are incomplete (missing {missing} in the server's state directory): it cannot "
-                 "run; submit it again")  # fmt: skip
-        self.store.update(job_id, JobEvent.ENDED, {"error": error}, state=JobState.FAILED, failure_class="infra", error=error,
-                          ended_at=time.time(), pid=None)  # fmt: skip
 
     def start(self) -> None:
         self._tail_thread = threading.Thread(target=self._tail_loop, daemon=True, name="tf-tailer")
@@ -356,6 +350,17 @@ class JobService:
     def reschedule(self) -> None:  # decide again (the users' quotas or shares changed)
         self._schedule()
 
+    def remove_user(self, name: str) -> tuple[str, int]:
+        """:meth:`UserBook.remove` (their jobs and usage pass to a name no user can have), and the
+        same in what the scheduler keeps of their waiting and running jobs; that name, and how many jobs."""
+        with self._lock:
+            tombstone, jobs = self.users.remove(name)
+            self.team.renamed(name, tombstone)
+            for job_id in [j.job_id for j in self._waiting if j.user == name]:
+                self._waiting.put(request_of(self.get(job_id)))
+            self._schedule()
+        return tombstone, jobs
+
     def queue(self) -> list[Pending]:  # every waiting job's reason (queue_page: only a page's)
         with self._lock:
             pending = self._decision.pending if self._decision is not None else []
@@ -374,10 +379,8 @@ class JobService:
 
     def grants(self) -> dict[int, dict[str, Any]]:
         with self._lock:
-            owners: dict[int, list[str]] = {}
-            for gpu, job_id in self._gpu_owner.items():
-                owners.setdefault(job_id, []).append(gpu)
-            return {j: {"grant": dict(g), "gpu_ids": sorted(owners.get(j, []))} for j, g in self._grants.items()}
+            return {j: {"grant": dict(g), "gpu_ids": sorted(gpu for gpu, o in self._gpu_owner.items() if o == j)}
+                    for j, g in self._grants.items()}  # fmt: skip
 
     def gpu_owners(self) -> dict[str, int]:
         with self._lock:
@@ -393,7 +396,7 @@ class JobService:
         request = self._waiting.pop(job_id)
         missing = self.files.missing(job)
         if missing is not None:  # never a 500 or a job left QUEUED with no reason: it fails, saying why
-            self._fail_broken(job_id, missing)
+            self.store.update_many([broken(job_id, missing, time.time())])
             return
         want_gpus = math.ceil(grant.get("GPU", 0.0) - 1e-9)  # a fractional grant (0.5) needs one GPU to use
         gpu_ids = [g for g in self._gpu_ids() if g not in self._gpu_owner][:want_gpus]

@@ -337,6 +337,15 @@ class JobStore:
                 body.setdefault("state", fields["state"])
             self._event(conn, job_id, event, body)
 
+    def rename_owner(self, conn: sqlite3.Connection, old: str, new: str) -> int:
+        """Inside a transaction: every job of ``old`` becomes ``new``'s (the counts by owner follow at
+        commit). Returns how many."""
+        by_state = conn.execute("SELECT state, COUNT(*) FROM jobs WHERE owner=? GROUP BY state", (old,)).fetchall()
+        conn.execute("UPDATE jobs SET owner=? WHERE owner=?", (new, old))
+        for state, n in by_state:
+            self._txn_counts += [((old, state), -int(n)), ((new, state), int(n))]
+        return sum(int(n) for _, n in by_state)
+
     def delete(self, job_id: int) -> None:
         def work(conn: sqlite3.Connection) -> None:
             self._count(conn, job_id, None)

@@ -115,6 +115,14 @@ class TeamState:
         if job.preempted_at is not None:
             self.preempted_at[job.id] = job.preempted_at
 
+    def renamed(self, old: str, new: str) -> None:
+        """The user ``old`` was removed, their jobs and usage given to ``new`` (a name no user can have:
+        :meth:`UserBook.remove`): what their running jobs hold, and their usage, are ``new``'s."""
+        for a in self.active.values():
+            if a.user == old:
+                a.user = new
+        self.accounting.rename(old, new)
+
     def forget(self, job_id: int) -> None:
         self.active.pop(job_id, None)
 
