@@ -254,6 +254,38 @@ def test_removing_a_user_is_one_transaction(team, monkeypatch):
     assert api.as_("member", "GET", f"{P}/whoami").json()["name"] == "bob"  # his token still works
 
 
+def test_an_imported_experiment_is_its_importers_and_another_members_import_of_it_is_409(team):
+    from test_server_experiments import _imported
+
+    api = team()
+    r = api.as_("owner", "POST", f"{P}/experiments/import", json=_imported("/runs/ann"))  # "owner" is ann
+    assert r.status_code == 201, r.text
+    first = r.json()
+    assert (first["owner"], first["trials"]) == ("ann", 4)
+    r = api.as_("member", "POST", f"{P}/experiments/import", json=_imported("/runs/ann", name="bob's"))
+    assert r.status_code == 409, r.text
+    assert r.json()["detail"] == (f"the experiment at '/runs/ann' is experiment {first['id']} here, imported by 'ann': "
+                                  f"only they or an admin may import it again. See /experiments/{first['id']}, or copy "
+                                  "the directory elsewhere and import the copy to have one of your own")  # fmt: skip
+    kept = api.as_("member", "GET", f"{P}/experiments/{first['id']}").json()
+    assert (kept["name"], kept["trials"], kept["owner"]) == ("local", 4, "ann")  # untouched
+    body = _imported("/runs/ann")
+    body["trials"] = body["trials"][:2]
+    mine = api.as_("owner", "POST", f"{P}/experiments/import", json=body).json()  # her own: refreshed
+    assert (mine["id"], mine["trials"], mine["owner"]) == (first["id"], 2, "ann")
+    body["trials"] = body["trials"][:1]
+    admins = api.as_("admin", "POST", f"{P}/experiments/import", json=body).json()  # an admin may refresh any
+    assert (admins["id"], admins["trials"], admins["owner"]) == (first["id"], 1, "ann")
+    bobs = api.as_("member", "POST", f"{P}/experiments/import", json=_imported("/runs/bob")).json()
+    assert bobs["owner"] == "bob"
+    # ann removed, then added again: the new ann does not own the old one's import.
+    tombstone = api.as_("admin", "DELETE", f"{P}/users/ann").json()["jobs_owner"]
+    assert api.as_("admin", "GET", f"{P}/experiments/{first['id']}").json()["owner"] == tombstone
+    api.tokens["ann2"] = api.as_("admin", "POST", f"{P}/users", json={"name": "ann", "role": "member"}).json()["token"]
+    r = api.as_("ann2", "POST", f"{P}/experiments/import", json=_imported("/runs/ann"))
+    assert r.status_code == 409 and f"imported by {tombstone!r}" in r.text
+
+
 def test_every_change_is_in_the_audit_log_with_who_what_when_and_from_where(team):
     api = team()
     job = api.submit_as("owner", hold=True)
@@ -325,12 +357,13 @@ def test_metrics_for_the_scrape_token_in_the_prometheus_format(team):
     assert "trainforge_job_cpu_used_cores" in families
 
 
-def test_a_database_from_before_users_is_migrated_and_its_jobs_are_the_admins(tmp_path):
+def test_a_database_from_before_users_is_migrated_and_its_jobs_and_imports_are_the_admins(tmp_path):
     path = str(tmp_path / "state.db")
     conn = sqlite3.connect(path)
     for version in (1, 2, 3):
         conn.executescript(_MIGRATIONS[version])
     conn.execute("INSERT INTO jobs(name, kind, state, spec, submitted_at) VALUES ('old', 'script', 'SUCCEEDED', '{}', 1)")
+    conn.execute("INSERT INTO experiments(path, name, source, created_at) VALUES ('/runs/old', 'old', 'import', 1)")
     conn.execute("PRAGMA user_version=3")
     conn.commit()
     conn.close()
@@ -340,5 +373,6 @@ def test_a_database_from_before_users_is_migrated_and_its_jobs_are_the_admins(tm
         assert job is not None and (job.owner, job.preemptible, job.preemptions) == ("admin", False, 0)
         assert store.counts() == {("admin", "SUCCEEDED"): 1}
         assert store.query("SELECT COUNT(*) FROM users")[0][0] == 0
+        assert store.query("SELECT owner FROM experiments")[0][0] == "admin"  # an import from before users: the admin's
     finally:
         store.close()
