@@ -17,6 +17,7 @@ import pytest
 from trainforge import ScalingConfig
 from trainforge._internal.resources import MIN_CPU_PER_WORKER, charge, workers_that_fit
 from trainforge.server._scheduler import JobRequest
+from trainforge.server._service import request_of
 
 pytest.importorskip("fastapi")
 
@@ -81,6 +82,20 @@ def test_zero_cpu_workers_count_against_the_servers_capacity(make_api):
     assert "3 CPU (capacity 2)" in r.text and "(each worker counts at least 0.1 CPU)" in r.text
     api.post(f"{P}/jobs/{ids[0]}/stop")
     assert [c[0] for c in api.starts.calls] == ids[:3]
+
+
+def test_an_elastic_job_of_zero_cpu_workers_grows_only_as_far_as_its_charge_allows(make_api):
+    """The scheduler sizes it by the charge, and the core, reading the grant it is written, agrees."""
+    api = make_api({"CPU": 1.0})
+    job = api.submit(per_worker={}, workers=2, max_workers=100)["id"]
+    ((started, workers, grant),) = api.starts.calls
+    assert (started, workers) == (job, 10) and grant == pytest.approx({"CPU": 1.0})
+    api.service.files.write_grant(job, request_of(api.service.get(job)), workers)  # as the real start does
+    with open(os.path.join(api.service.job_dir(job), "grant.json")) as f:
+        written = json.load(f)
+    assert written == pytest.approx({"CPU": 1.0})
+    scaling = ScalingConfig(num_workers=(2, 100), resources_per_worker={"CPU": 0})
+    assert workers_that_fit(scaling, written) == 10  # what the grant file lets the job's core start
 
 
 @pytest.mark.parametrize("amount", [-1, "NaN", "Infinity", "-Infinity", "1e400"])
