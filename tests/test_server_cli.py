@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import stat
 import subprocess
@@ -510,15 +511,16 @@ def test_server_start_detached_from_a_terminal_prints_the_dashboards_url_with_it
         os.close(terminal)
         terminal = -1
         chunks = []
-        while True:  # until the command exits and the terminal closes (EIO on Linux)
+        while select.select([main], [], [], TIMEOUT)[0]:  # until the command exits and the terminal closes
             try:
                 chunk = os.read(main, 4096)
-            except OSError:
+            except OSError:  # EIO on Linux once the last writer is gone
                 break
             if not chunk:
                 break
             chunks.append(chunk)
-        assert proc.wait(timeout=TIMEOUT) == 0, proc.stderr.read() if proc.stderr else ""
+        _, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 0, err
     finally:
         os.close(main)
         if terminal >= 0:
