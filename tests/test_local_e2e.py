@@ -217,16 +217,26 @@ def test_trainer_metadata_in_checkpoints_and_after_restore(tmp_path):
     check_trainer_metadata_through_restore(str(tmp_path), str(tmp_path / "meta"))
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+@pytest.fixture
+def umask():
+    """``umask(mask)`` sets this process's umask (its workers inherit it) until the test ends."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield os.umask
+    os.umask(before)
 
 
-def test_run_directory_is_tidy_after_a_run_with_a_restart(tmp_path):
+def _modes(root: Path) -> dict[str, int]:
+    """Every file and directory under ``root`` (itself included), relative: its mode."""
+    return {str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode) for p in [root, *root.rglob("*")]}
+
+
+def test_run_directory_is_tidy_after_a_run_with_a_restart(tmp_path, umask):
     """Checkpoints written in 0o700 temporary directories, a restart (so standby workers were
-    started): afterwards no .staging/, no stack files (none was dumped), and checkpoint directories
-    and files with the default permissions."""
+    started), under umask 022: afterwards no .staging/, no stack files (none was dumped), and the
+    whole run directory (checkpoints, metrics, state, logs) is the owner's alone: files 0600,
+    directories 0700 (``$TRAINFORGE_FILE_MODE`` unset)."""
+    umask(0o022)
 
     def loop():
         import tempfile
@@ -234,28 +244,53 @@ def test_run_directory_is_tidy_after_a_run_with_a_restart(tmp_path):
         rank = train.get_context().get_world_rank()
         resumed = train.get_checkpoint()
         with tempfile.TemporaryDirectory() as d:
-            os.mkdir(os.path.join(d, "sub"), mode=0o700)
+            os.mkdir(os.path.join(d, "sub"), mode=0o755)
             with open(os.path.join(d, "sub", f"rank{rank}.txt"), "w") as f:
                 f.write("x")
-            os.chmod(os.path.join(d, "sub", f"rank{rank}.txt"), 0o600)
+            os.chmod(os.path.join(d, "sub", f"rank{rank}.txt"), 0o644)
             train.report({"resumed": resumed is not None}, checkpoint=Checkpoint.from_directory(d))
         if resumed is None and rank == 1:
             raise RuntimeError("fail once")
 
-    rc = RunConfig(storage_path=str(tmp_path), name="tidy", verbose=0, failure_config=train.FailureConfig(max_failures=1))
+    rc = RunConfig(storage_path=str(tmp_path / "results"), name="tidy", verbose=0,
+                   failure_config=train.FailureConfig(max_failures=1))  # fmt: skip
     result = _run(loop, n=2, run_config=rc)
     assert result.metrics == {"resumed": True}
-    run = tmp_path / "tidy"
+    run = tmp_path / "results" / "tidy"
     assert not (run / ".staging").exists()
     assert sorted(os.listdir(run / "logs")) == ["rank_0.log", "rank_1.log"]
-    umask = _umask()
-    checked = 0
-    for ckpt, _ in result.best_checkpoints:
-        for path in [Path(ckpt.path), *Path(ckpt.path).rglob("*")]:
-            expected = (0o777 if path.is_dir() else 0o666) & ~umask
-            assert stat.S_IMODE(path.stat().st_mode) == expected, (path, oct(path.stat().st_mode))
-            checked += 1
-    assert checked == 2 * 5  # two checkpoints: the directory, sub/, two rank files and the marker
+    modes = _modes(tmp_path / "results")  # the storage path it created, too
+    wrong = {p: oct(m) for p, m in modes.items() if m != (0o700 if (tmp_path / "results" / p).is_dir() else 0o600)}
+    assert wrong == {}, wrong
+    checkpoints = [p for p in modes if p.startswith("tidy/checkpoint_")]
+    assert len(checkpoints) == 2 * 5  # two checkpoints: the directory, sub/, two rank files and the marker
+    assert {"tidy/metrics.jsonl", "tidy/run_state.json", "tidy/logs/rank_0.log"} <= set(modes)
+
+
+def test_run_directory_follows_the_umask_when_configured(tmp_path, umask, monkeypatch):
+    """``$TRAINFORGE_FILE_MODE=umask``: as Ray and MLflow write (group-readable under umask 027);
+    any other value is refused before anything runs, naming the variable."""
+    umask(0o027)
+    monkeypatch.setenv("TRAINFORGE_FILE_MODE", "umask")
+
+    def loop():
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:  # 0700, its file 0600: the run directory's modes win
+            os.mkdir(os.path.join(d, "sub"))
+            with open(os.path.join(d, "sub", "w.txt"), "w") as f:
+                f.write("x")
+            os.chmod(os.path.join(d, "sub", "w.txt"), 0o600)
+            train.report({"loss": 1.0}, checkpoint=Checkpoint.from_directory(d))
+
+    result = _run(loop, n=1, run_config=RunConfig(storage_path=str(tmp_path / "shared"), name="group", verbose=0))
+    modes = _modes(tmp_path / "shared")
+    wrong = {p: oct(m) for p, m in modes.items() if m != (0o750 if (tmp_path / "shared" / p).is_dir() else 0o640)}
+    assert wrong == {}, wrong
+    assert os.path.relpath(result.checkpoint.path, tmp_path / "shared") + "/sub/w.txt" in modes
+    monkeypatch.setenv("TRAINFORGE_FILE_MODE", "group-ish")
+    with pytest.raises(ValueError, match=r"\$TRAINFORGE_FILE_MODE='group-ish': choose 'private'"):
+        _run(loop, n=1, run_config=RunConfig(storage_path=str(tmp_path / "bad"), name="bad", verbose=0))
 
 
 def test_stack_file_is_named_by_rank_and_removed_when_empty(tmp_path):

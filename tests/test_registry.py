@@ -112,7 +112,7 @@ def test_a_checkpoint_is_linked_a_directory_copied_and_unchanged_files_not_read_
     assert os.stat(blob(mv, "w")).st_mode & 0o222 == 0
     # A committed checkpoint is never modified: its read-only files are hard-linked, not copied.
     ck = _dir(tmp_path, "ckpt2", {"x": b"x" * 7000})
-    os.chmod(os.path.join(ck, "x"), 0o444)
+    os.chmod(os.path.join(ck, "x"), 0o400)
     mv = reg.register("ckpt", Checkpoint.from_directory(ck))
     assert os.stat(blob(mv, "x")).st_ino == os.stat(os.path.join(ck, "x")).st_ino
     # Files this machine hashed before (same inode, size, mtime, ctime) are not read again.
@@ -151,17 +151,60 @@ def test_registering_never_changes_a_source_files_mode_and_blobs_are_read_only(t
     assert reg.model_names() == [] and _blobs(reg.url) == {}
     # A writable file of a checkpoint is copied (linking it would make the blob writable, or need a chmod
     # of the user's file): the source keeps 0640, the blob is a read-only file of its own.
-    ck = _dir(tmp_path, "writable", {"w": b"w" * 3000, "ro": b"r" * 10})
+    ck = _dir(tmp_path, "writable", {"w": b"w" * 3000, "ro": b"r" * 10, "shared": b"s" * 20})
     os.chmod(os.path.join(ck, "w"), 0o640)
-    os.chmod(os.path.join(ck, "ro"), 0o440)
+    os.chmod(os.path.join(ck, "ro"), 0o400)
+    os.chmod(os.path.join(ck, "shared"), 0o440)
     mv = reg.register("ck", Checkpoint.from_directory(ck))
-    assert _mode(os.path.join(ck, "w")) == 0o640 and _mode(os.path.join(ck, "ro")) == 0o440
+    assert [_mode(os.path.join(ck, f)) for f in ("w", "ro", "shared")] == [0o640, 0o400, 0o440]
     assert os.stat(blob(mv, "w")).st_ino != os.stat(os.path.join(ck, "w")).st_ino
-    assert _mode(blob(mv, "w")) & 0o222 == 0
+    assert _mode(blob(mv, "w")) == 0o400  # the registry's own copy: read-only, the owner's alone
     # A read-only one is hard-linked as it is (nothing to change): the blob is that file, mode and all.
     assert os.stat(blob(mv, "ro")).st_ino == os.stat(os.path.join(ck, "ro")).st_ino
-    assert _mode(blob(mv, "ro")) == 0o440
+    assert _mode(blob(mv, "ro")) == 0o400
+    # A read-only one that others may read is copied: linked, it would be a blob others may read.
+    assert os.stat(blob(mv, "shared")).st_ino != os.stat(os.path.join(ck, "shared")).st_ino
+    assert _mode(blob(mv, "shared")) == 0o400
     assert open(os.path.join(reg.local_dir(mv), "w"), "rb").read() == b"w" * 3000
+
+
+@pytest.mark.parametrize(("setting", "file", "blob", "directory"),
+                         [(None, 0o600, 0o400, 0o700), ("umask", 0o644, 0o444, 0o755)])  # fmt: skip
+def test_the_registrys_files_are_the_owners_alone_unless_configured(tmp_path, monkeypatch, setting, file, blob,
+                                                                    directory):  # fmt: skip
+    """Under umask 022, from a 0644 source: blobs 0400, records 0600, directories 0700 (the registry's
+    root, a pushed-to registry, the cache, a pulled copy); ``$TRAINFORGE_FILE_MODE=umask``: the umask's
+    0444 / 0644 / 0755."""
+    if setting is not None:
+        monkeypatch.setenv("TRAINFORGE_FILE_MODE", setting)
+    src = _dir(tmp_path, "src", {"w": b"w" * 3000, "sub/x": b"x" * 10})
+    for f in ("w", "sub/x"):
+        os.chmod(os.path.join(src, f), 0o644)
+    old = os.umask(0o022)
+    try:
+        reg = Registry(str(tmp_path / "team" / "reg"))  # its parent is made too
+        mv = reg.register("net", src, alias="prod")
+        cached = reg.local_dir(mv)
+        pulled = reg.pull("net/1", str(tmp_path / "out"))
+        reg.push("net", str(tmp_path / "other"))
+    finally:
+        os.umask(old)
+    trees = {"reg": tmp_path / "team", "other": tmp_path / "other", "cache": tmp_path / "registry-cache",
+             "pulled": tmp_path / "out"}  # fmt: skip
+    wrong, blobs = [], 0
+    for name, root in trees.items():
+        for path in [root, *root.rglob("*")]:
+            mode = path.stat().st_mode & 0o777
+            # blobs, and the cache's copy of a version (links to them); the pulled copy is the user's to change
+            is_blob = path.is_file() and ("sha256" in path.parts or name == "cache" and path.name in ("w", "x"))
+            want = directory if path.is_dir() else blob if is_blob else file
+            blobs += is_blob
+            if mode != want:
+                wrong.append((name, str(path.relative_to(root)), oct(mode), oct(want)))
+    assert wrong == [], wrong
+    assert blobs >= 2 * 2 + 2  # two blobs in each registry, and the cache's links to them
+    assert str(pulled) == str(tmp_path / "out") and os.path.dirname(cached).startswith(str(tmp_path / "registry-cache"))
+    assert [_mode(os.path.join(src, f)) for f in ("w", "sub/x")] == [0o644, 0o644]  # the source is never changed
 
 
 def _fsspec_checkpoint(directory: str) -> Checkpoint:

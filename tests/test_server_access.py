@@ -15,6 +15,7 @@ import hashlib
 import os
 import re
 import sqlite3
+import time
 
 import pytest
 
@@ -201,13 +202,104 @@ def test_tokens_are_never_stored_in_clear_and_rotating_or_removing_takes_effect_
     api.tokens["old"], api.tokens["owner"] = old, new
     assert api.as_("old", "GET", f"{P}/jobs").status_code == 401
     assert api.as_("owner", "GET", f"{P}/jobs").status_code == 200
-    assert api.as_("admin", "DELETE", f"{P}/users/ann").status_code == 204
+    assert api.as_("admin", "DELETE", f"{P}/users/ann").status_code == 200
     assert api.as_("owner", "GET", f"{P}/jobs").status_code == 401
     api.tokens["forged"] = f"tfu.{key_id}.{'x' * len(secret)}"
     assert api.as_("forged", "GET", f"{P}/jobs").status_code == 401
     assert api.as_("admin", "POST", f"{P}/users", json={"name": "admin", "role": "member"}).status_code == 409
     assert api.as_("admin", "POST", f"{P}/users", json={"name": "bob", "role": "member"}).status_code == 409
     assert api.as_("admin", "POST", f"{P}/users", json={"name": "x y", "role": "member"}).status_code == 422
+
+
+def test_a_user_added_again_under_a_removed_users_name_inherits_none_of_their_jobs(team):
+    api = team({"CPU": 4.0})
+    running = api.submit_as("member", per_worker={"CPU": 2})  # "member" is bob
+    waiting = api.submit_as("member", hold=True)
+    before = api.service.team.accounting.usage(time.time() + 100.0)["bob"]
+    assert before > 0
+    r = api.as_("admin", "DELETE", f"{P}/users/bob")
+    assert r.status_code == 200, r.text
+    gone = r.json()
+    tombstone = gone["jobs_owner"]
+    assert re.fullmatch(r"bob \(removed \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)", tombstone), tombstone
+    assert gone == {"name": "bob", "jobs_owner": tombstone, "jobs": 2}
+    listed = {j["id"]: j["owner"] for j in api.as_("viewer", "GET", f"{P}/jobs").json()["jobs"]}
+    assert listed[running["id"]] == listed[waiting["id"]] == tombstone
+    assert api.as_("admin", "POST", f"{P}/users", json={"name": tombstone, "role": "member"}).status_code == 422
+
+    r = api.as_("admin", "POST", f"{P}/users", json={"name": "bob", "role": "member", "quota": {"CPU": 2}})
+    assert r.status_code == 201, r.text
+    api.tokens["bob2"] = r.json()["token"]
+    for method, path, body in (("POST", f"/jobs/{running['id']}/stop", {}), ("PATCH", f"/jobs/{waiting['id']}", {"hold": False}),
+                               ("DELETE", f"/jobs/{waiting['id']}", None)):  # fmt: skip
+        r = api.as_("bob2", method, f"{P}{path}", **({"json": body} if body is not None else {}))
+        assert r.status_code == 403, (path, r.text)
+        assert r.json()["detail"].endswith(f"is {tombstone!r}'s: its user was removed: ask an admin"), r.text
+    assert api.service.get(running["id"]).state == "RUNNING"
+    # The new bob holds nothing, has used nothing, and his quota counts none of the old bob's 2 CPUs.
+    assert api.as_("bob2", "GET", f"{P}/whoami").json()["holds"] == {}
+    usage = api.service.team.accounting.usage(time.time() + 100.0)
+    assert "bob" not in usage and usage[tombstone] >= before
+    mine = api.submit_as("bob2", per_worker={"CPU": 2})
+    assert mine["state"] == "RUNNING" and mine["owner"] == "bob"
+    shares = {row["user"]: row for row in api.as_("bob2", "GET", f"{P}/shares").json()}
+    assert shares["bob"]["holds"] == {"CPU": 2.0} and shares[tombstone]["holds"] == {"CPU": 2.0}
+    assert api.service.store.counts() == {(tombstone, "RUNNING"): 1, (tombstone, "HELD"): 1, ("bob", "RUNNING"): 1}
+    assert api.as_("admin", "POST", f"{P}/jobs/{running['id']}/stop", json={}).json()["state"] == "STOPPED"
+    # After a restart the store says the same (the removal and the new names were one transaction).
+    rows = api.service.store.query("SELECT owner, COUNT(*) AS n FROM jobs GROUP BY owner ORDER BY owner")
+    assert [(r["owner"], r["n"]) for r in rows] == [("bob", 1), (tombstone, 2)]
+    api.service.team.accounting.persist(time.time())
+    assert {r["user"] for r in api.service.store.query("SELECT user FROM usage")} >= {tombstone}
+
+
+def test_removing_a_user_is_one_transaction(team, monkeypatch):
+    """A failure while their jobs change hands leaves the user and their jobs as they were."""
+    api = team()
+    job = api.submit_as("member")
+
+    def fail(conn, old, new):
+        conn.execute("UPDATE jobs SET owner=? WHERE owner=?", (new, old))  # half done, then the crash
+        raise RuntimeError("crash")
+
+    monkeypatch.setattr(api.service.store, "rename_owner", fail)
+    with pytest.raises(RuntimeError):
+        api.service.remove_user("bob")
+    assert api.service.store.query("SELECT owner FROM jobs WHERE id=?", (job["id"],))[0][0] == "bob"
+    assert [r["name"] for r in api.service.store.query("SELECT name FROM users WHERE name='bob'")] == ["bob"]
+    assert api.as_("member", "GET", f"{P}/whoami").json()["name"] == "bob"  # his token still works
+
+
+def test_an_imported_experiment_is_its_importers_and_another_members_import_of_it_is_409(team):
+    from test_server_experiments import _imported
+
+    api = team()
+    r = api.as_("owner", "POST", f"{P}/experiments/import", json=_imported("/runs/ann"))  # "owner" is ann
+    assert r.status_code == 201, r.text
+    first = r.json()
+    assert (first["owner"], first["trials"]) == ("ann", 4)
+    r = api.as_("member", "POST", f"{P}/experiments/import", json=_imported("/runs/ann", name="bob's"))
+    assert r.status_code == 409, r.text
+    assert r.json()["detail"] == (f"the experiment at '/runs/ann' is experiment {first['id']} here, imported by 'ann': "
+                                  f"only they or an admin may import it again. See /experiments/{first['id']}, or copy "
+                                  "the directory elsewhere and import the copy to have one of your own")  # fmt: skip
+    kept = api.as_("member", "GET", f"{P}/experiments/{first['id']}").json()
+    assert (kept["name"], kept["trials"], kept["owner"]) == ("local", 4, "ann")  # untouched
+    body = _imported("/runs/ann")
+    body["trials"] = body["trials"][:2]
+    mine = api.as_("owner", "POST", f"{P}/experiments/import", json=body).json()  # her own: refreshed
+    assert (mine["id"], mine["trials"], mine["owner"]) == (first["id"], 2, "ann")
+    body["trials"] = body["trials"][:1]
+    admins = api.as_("admin", "POST", f"{P}/experiments/import", json=body).json()  # an admin may refresh any
+    assert (admins["id"], admins["trials"], admins["owner"]) == (first["id"], 1, "ann")
+    bobs = api.as_("member", "POST", f"{P}/experiments/import", json=_imported("/runs/bob")).json()
+    assert bobs["owner"] == "bob"
+    # ann removed, then added again: the new ann does not own the old one's import.
+    tombstone = api.as_("admin", "DELETE", f"{P}/users/ann").json()["jobs_owner"]
+    assert api.as_("admin", "GET", f"{P}/experiments/{first['id']}").json()["owner"] == tombstone
+    api.tokens["ann2"] = api.as_("admin", "POST", f"{P}/users", json={"name": "ann", "role": "member"}).json()["token"]
+    r = api.as_("ann2", "POST", f"{P}/experiments/import", json=_imported("/runs/ann"))
+    assert r.status_code == 409 and f"imported by {tombstone!r}" in r.text
 
 
 def test_every_change_is_in_the_audit_log_with_who_what_when_and_from_where(team):
@@ -281,12 +373,13 @@ def test_metrics_for_the_scrape_token_in_the_prometheus_format(team):
     assert "trainforge_job_cpu_used_cores" in families
 
 
-def test_a_database_from_before_users_is_migrated_and_its_jobs_are_the_admins(tmp_path):
+def test_a_database_from_before_users_is_migrated_and_its_jobs_and_imports_are_the_admins(tmp_path):
     path = str(tmp_path / "state.db")
     conn = sqlite3.connect(path)
     for version in (1, 2, 3):
         conn.executescript(_MIGRATIONS[version])
     conn.execute("INSERT INTO jobs(name, kind, state, spec, submitted_at) VALUES ('old', 'script', 'SUCCEEDED', '{}', 1)")
+    conn.execute("INSERT INTO experiments(path, name, source, created_at) VALUES ('/runs/old', 'old', 'import', 1)")
     conn.execute("PRAGMA user_version=3")
     conn.commit()
     conn.close()
@@ -296,5 +389,6 @@ def test_a_database_from_before_users_is_migrated_and_its_jobs_are_the_admins(tm
         assert job is not None and (job.owner, job.preemptible, job.preemptions) == ("admin", False, 0)
         assert store.counts() == {("admin", "SUCCEEDED"): 1}
         assert store.query("SELECT COUNT(*) FROM users")[0][0] == 0
+        assert store.query("SELECT owner FROM experiments")[0][0] == "admin"  # an import from before users: the admin's
     finally:
         store.close()

@@ -878,12 +878,14 @@ def test_queue_order_and_reasons(make_api):
     lacking = api.submit(per_worker={"CPU": 2})["id"]  # needs 2 CPU, 1 free: reserves CPU
     small = api.submit(per_worker={"CPU": 1})["id"]  # would fit, but CPU is reserved
     urgent = api.submit(per_worker={"CPU": 2}, priority=10)["id"]  # ahead of every other
-    gpu = api.submit(per_worker={"GPU": 1})["id"]  # needs no reserved kind: backfills
-    assert [c[0] for c in api.starts.calls] == [big, gpu]
+    # Asks for no CPU, but every worker is charged 0.1 CPU (rule 0), and the CPUs are reserved: it
+    # does not backfill (a job needing none of the reserved kinds would: test_server_scheduler.py).
+    gpu = api.submit(per_worker={"GPU": 1})["id"]
+    assert [c[0] for c in api.starts.calls] == [big]
 
     r = api.get(f"{P}/queue")
     assert r.status_code == 200
-    assert (r.json()["total"], r.json()["next_offset"]) == (4, None)
+    assert (r.json()["total"], r.json()["next_offset"]) == (5, None)
     entries = r.json()["entries"]
     queue = [
         (e["job_id"], e["pending"]["reason"], e["pending"]["position"], e["pending"]["text"])
@@ -894,22 +896,24 @@ def test_queue_order_and_reasons(make_api):
         (held, "held", None, "held"),
         (lacking, "resources", 2, "needs 2 CPU, 1 free"),
         (small, "reserved", 3, f"behind job {urgent}"),
+        (gpu, "reserved", 4, f"behind job {urgent}"),
     ]
     first = entries[0]["pending"]
     assert first["need"] == {"CPU": 2.0} and first["free"] == {"CPU": 1.0}
     assert entries[3]["pending"]["behind"] == urgent
     assert api.get(f"{P}/jobs/{small}").json()["pending"]["text"] == f"behind job {urgent}"
     res = api.get(f"{P}/resources").json()
-    assert res["granted"] == {"CPU": 3.0, "GPU": 1.0} and res["free"] == {"CPU": 1.0, "GPU": 0.0}
-    assert set(res["jobs"]) == {str(big), str(gpu)}
+    assert res["granted"] == {"CPU": 3.0} and res["free"] == {"CPU": 1.0, "GPU": 1.0}
+    assert set(res["jobs"]) == {str(big)}
 
-    # The big job ends: the urgent one and then the lacking one start, the small one now lacks CPU.
+    # The big job ends: the urgent one and then the lacking one start, the small one and the GPU job
+    # (its 0.1 CPU) now lack CPU.
     api.post(f"{P}/jobs/{big}/stop")
-    assert [c[0] for c in api.starts.calls] == [big, gpu, urgent, lacking]
+    assert [c[0] for c in api.starts.calls] == [big, urgent, lacking]
     queue = [(e["job_id"], e["pending"]["text"]) for e in api.get(f"{P}/queue").json()["entries"]]
-    assert queue == [(held, "held"), (small, "needs 1 CPU, 0 free")]
+    assert queue == [(held, "held"), (small, "needs 1 CPU, 0 free"), (gpu, "needs 0.1 CPU, 0 free")]
     health = api.get(f"{P}/health").json()
-    assert health["jobs"] == {"QUEUED": 1, "HELD": 1, "STARTING": 0, "RUNNING": 3, "STOPPING": 0}
+    assert health["jobs"] == {"QUEUED": 2, "HELD": 1, "STARTING": 0, "RUNNING": 2, "STOPPING": 0}
 
 
 def test_the_queue_comes_a_page_at_a_time_and_the_pages_make_the_whole_queue(make_api):

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -448,14 +450,21 @@ def test_server_status_and_stop(train_server, tmp_path):
 def test_server_start_detached_then_status_and_stop(tmp_path):
     pytest.importorskip("fastapi")
     d = tmp_path / "detached"
+    d.mkdir()
+    d.chmod(0o755)  # made by hand: the start makes it the owner's alone, and says so
     pid = None
     try:
         out = ok(None, "server", "start", "--detach", "--state-dir", d, "--port", "0", "--capacity", "CPU=1")
+        assert f"trainforge server: the state directory {d} was mode 0755: made it 0700" in out
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
         m = re.search(r"serving (http://127\.0\.0\.1:\d+)", out)
         assert m, out
         url = m.group(1)
         token = (d / "token").read_text().strip()
-        assert f"  dashboard: {url}/?token={token}" in out.splitlines()  # the URL that opens it, as `dashboard` prints
+        # Its output is a pipe here (a log, a CI job's output): the dashboard's URL without the token.
+        assert token not in out and "?token=" not in out, out
+        assert f"  dashboard: {url}/ (`trainforge dashboard` prints its URL with the token that opens it)" in out
+        assert ok(None, "dashboard", "--state-dir", d).strip() == f"{url}/?token={token}"  # asked for: it is told
         info = json.loads((d / "server.json").read_text())
         pid = info["pid"]
         assert info["url"] == url
@@ -487,6 +496,72 @@ def test_server_start_detached_then_status_and_stop(tmp_path):
                 pass
 
 
+def test_server_start_detached_from_a_terminal_prints_the_dashboards_url_with_its_token(tmp_path):
+    """On the user's own terminal the URL that opens the dashboard may carry the token (as Jupyter's
+    does): the same start as above, its output a pseudo-terminal."""
+    pytest.importorskip("fastapi")
+    import pty
+
+    d = tmp_path / "tty"
+    main, terminal = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "trainforge", "server", "start", "--detach", "--no-warm",
+                                 "--state-dir", str(d), "--port", "0", "--capacity", "CPU=1"],
+                                env=_env(None), stdin=subprocess.DEVNULL, stdout=terminal, stderr=subprocess.PIPE)  # fmt: skip
+        os.close(terminal)
+        terminal = -1
+        chunks = []
+        while select.select([main], [], [], TIMEOUT)[0]:  # until the command exits and the terminal closes
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # EIO on Linux once the last writer is gone
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        _, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 0, err
+    finally:
+        os.close(main)
+        if terminal >= 0:
+            os.close(terminal)
+    try:
+        out = b"".join(chunks).decode()
+        token = (d / "token").read_text().strip()
+        assert re.search(rf"  dashboard: http://127\.0\.0\.1:\d+/\?token={re.escape(token)}", out), out
+    finally:
+        assert ok(None, "server", "stop", "--state-dir", d).splitlines()[-1].startswith("stopped the train server at ")
+
+
+def test_a_state_directory_is_made_its_owners_alone_and_another_users_is_refused(tmp_path):
+    from trainforge.server._main import claim_state_dir
+
+    fresh = tmp_path / "fresh" / "state"
+    assert claim_state_dir(str(fresh)) is None  # created 0700: nothing to say
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o777)
+    loose.chmod(0o775)
+    assert claim_state_dir(str(loose)) == (f"trainforge server: the state directory {loose} was mode 0775: made it "
+                                           "0700 (it holds the token and every job's files)")  # fmt: skip
+    assert stat.S_IMODE(loose.stat().st_mode) == 0o700
+    assert claim_state_dir(str(loose)) is None
+    if os.geteuid() != 0:
+        pytest.skip("giving a directory to another user needs root")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 54321, 54321)
+    with pytest.raises(PermissionError) as err:
+        claim_state_dir(str(theirs))
+    assert str(err.value).startswith(f"the state directory {theirs} belongs to uid 54321, not to ")
+    assert "Start the server as that user, or pass a --state-dir of your own" in str(err.value)
+    assert stat.S_IMODE(theirs.stat().st_mode) == 0o755  # left as it was
+    for detach in ((), ("--detach",)):  # both starts refuse it in one line, before anything is written there
+        msg = one_line_error(tf(None, "server", "start", *detach, "--no-warm", "--state-dir", theirs, "--port", "0"))
+        assert msg.startswith(f"trainforge: the state directory {theirs} belongs to uid 54321, not to "), msg
+    assert os.listdir(theirs) == []
+
+
 # -- errors a user can cause --------------------------------------------------------------------------
 def test_user_errors_are_one_line_without_traceback(train_server, tmp_path):
     d = train_server.state_dir
@@ -506,6 +581,10 @@ def test_user_errors_are_one_line_without_traceback(train_server, tmp_path):
     assert msg == "trainforge submit: --env 'NOVALUE': write KEY=VALUE"
     msg = one_line_error(tf(d, "submit", "not_a_target"))
     assert "'not_a_target' is neither a script (.py) nor pkg.module:function" in msg
+    for flag, bad in (("--cpus", "-1"), ("--cpus", "nan"), ("--cpus", "inf"), ("--gpus", "-0.5")):
+        msg = one_line_error(tf(d, "submit", f"{flag}={bad}", END, "0"))
+        assert msg == (f"trainforge submit: {flag} {float(bad):g}: give a finite number >= 0 per worker (e.g. 0.5; "
+                       "each worker counts at least 0.1 CPU)"), msg  # fmt: skip
     msg = one_line_error(tf(d, "submit", "--workers", "0", END, "0"))
     assert msg == "trainforge: workers: Input should be greater than or equal to 1 (HTTP 422)"
     msg = one_line_error(tf(d, "submit", "--workers", "3", END, "0"))  # more than the server has

@@ -2,7 +2,9 @@
 ``os._exit``s there, as a ``kill -9`` would leave it) while a client submits, a job starts, is stopped,
 ends, or is reattached; then restarted on the same state directory. After each: the jobs the client
 was told about are exactly the jobs the server has, each ran exactly once, none is stuck, and nothing
-of a submission that never committed is left in ``jobs/``.
+of a submission that never committed is left in ``jobs/``. Every job is submitted with
+``max_retries=0``: a crash of the server spends none of a job's retries (at ``start:granted`` its
+runner never started: the job goes back to the queue as it was, and runs once, attempt 1).
 
 The client is the real one (``Client.submit`` retries a dropped submission with its idempotency key
 until the restarted server answers; it finds the new address in the state directory)."""
@@ -50,7 +52,8 @@ class Walk:
         return Client(state_dir=self.state_dir)  # found through the address file, as the CLI does
 
     def spec(self, *, gated: bool) -> dict[str, Any]:
-        return {"kind": "script", "path": JOB, "args": [self.marker, self.gate if gated else "-"], "name": "walk"}
+        return {"kind": "script", "path": JOB, "args": [self.marker, self.gate if gated else "-"], "name": "walk",
+                "max_retries": 0}
 
     def submit_in_thread(self, spec: dict[str, Any]) -> tuple[threading.Thread, list[Any]]:
         got: list[Any] = []
@@ -80,6 +83,7 @@ class Walk:
         for job_id in self.told:
             status = client.job(job_id).wait(timeout=90)
             assert status.state == end_state, (status, server.output)
+            assert client.request("GET", f"/jobs/{job_id}")["attempt"] == 1, server.output  # no retry spent
         assert {j.id for j in client.jobs(limit=100)} == self.told, server.output
         assert sorted(self.runs()) == sorted(self.told), f"ran {self.runs()}, told {self.told}"
         assert sorted(os.listdir(os.path.join(self.state_dir, "jobs"))) == sorted(str(j) for j in self.told)

@@ -249,8 +249,9 @@ def test_a_runner_that_cannot_start_the_job_still_writes_its_outcome(tmp_path, f
 
 
 def test_the_state_is_the_owners_alone_whatever_the_umask(tmp_path, monkeypatch):
-    """With umask 0 and a state directory that exists as 0755 (left so), every file the server and
-    its jobs write there is 0600 and every directory 0700: none is readable or writable by others."""
+    """With umask 0 and a state directory that exists as 0755 (made 0700 at the start), every file
+    the server and its jobs write there is 0600 and every directory 0700: none is readable or
+    writable by others."""
     from trainforge._testing.server import TrainServer
 
     state = tmp_path / "state"
@@ -275,7 +276,8 @@ def test_the_state_is_the_owners_alone_whatever_the_umask(tmp_path, monkeypatch)
                 if not stat.S_ISLNK(mode) and stat.S_IMODE(mode) & 0o077:
                     shared.append((os.path.relpath(os.path.join(root, name), state), oct(stat.S_IMODE(mode))))
         assert shared == [], f"readable or writable by others: {shared}"
-        assert stat.S_IMODE(os.stat(state).st_mode) == 0o755  # the user's own directory is left as it was
+        assert stat.S_IMODE(os.stat(state).st_mode) == 0o700  # claimed at the start (it said so)
+        assert f"the state directory {state} was mode 0755: made it 0700" in server.output
     finally:
         left = server.cleanup()
     assert not left, f"job processes left behind: {left}"
@@ -557,7 +559,7 @@ def test_submit_starts_its_server_on_the_default_port_when_that_is_free(tmp_path
     class Stop(Exception):
         pass
 
-    def start(state_dir=None, *, extra_args=None, timeout_s=60.0):
+    def start(state_dir=None, *, extra_args=None, timeout_s=60.0, announce=print):
         started.append(list(extra_args or []))
         raise Stop  # no real server: what it was asked for is the test
 

@@ -157,7 +157,9 @@ def test_users_are_managed_in_the_state_directory_when_no_server_runs(tmp_path):
     rotated = _token(_cli("server", "users", "rotate", "zed", *state))
     assert rotated != token
     assert "quota CPU=4" in _cli("server", "users", "set", "zed", "--quota", "CPU=4", *state)
-    _cli("server", "users", "remove", "zed", *state)
+    out = _cli("server", "users", "remove", "zed", *state)
+    assert re.fullmatch(r"removed zed: their token no longer works; their 0 job\(s\) stay, owned by 'zed \(removed "
+                        r"[0-9: -]+ UTC\)', a name no user can have \(only admins may change them\)\n", out), out
     assert "zed" not in _cli("server", "users", "list", *state)
 
 

@@ -193,24 +193,35 @@ def test_trainer_metadata_is_written_before_the_marker(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("ranks", [[0], [0, 1]], ids=["one_rank", "two_ranks"])
-def test_committed_checkpoint_has_default_permissions(storage, tmp_path, ranks):
-    """Not the 0o700 of the temporary directory the checkpoint was written in."""
+@pytest.mark.parametrize(("setting", "file", "directory"), [(None, 0o600, 0o700), ("umask", 0o640, 0o750)])
+def test_committed_checkpoint_is_the_owners_alone_unless_configured(storage, tmp_path, monkeypatch, ranks, setting,
+                                                                    file, directory):  # fmt: skip
+    """Not the modes of the directory the checkpoint was written in (0755 and 0644 here): the run
+    directory's, 0600 / 0700 by default, or the umask's (027 here) with ``$TRAINFORGE_FILE_MODE=umask``."""
     import stat
     import tempfile
 
+    if setting is not None:
+        monkeypatch.setenv("TRAINFORGE_FILE_MODE", setting)
     for r in ranks:
-        src = Path(tempfile.mkdtemp(dir=tmp_path))  # drwx------, like tempfile.TemporaryDirectory
-        (src / "sub").mkdir(mode=0o700)
+        src = Path(tempfile.mkdtemp(dir=tmp_path))
+        (src / "sub").mkdir(mode=0o755)
         (src / "sub" / f"r{r}.bin").write_text("x")
-        (src / "sub" / f"r{r}.bin").chmod(0o600)
-        storage.stage_checkpoint(str(src), 0, 0, r)
-    ckpt = storage.commit_checkpoint(0, 0, ranks, 0, {})
-    umask = os.umask(0o022)
-    os.umask(umask)
+        (src / "sub" / f"r{r}.bin").chmod(0o644)
+        umask = os.umask(0o027)
+        try:
+            storage.stage_checkpoint(str(src), 0, 0, r)
+        finally:
+            os.umask(umask)
+    umask = os.umask(0o027)
+    try:
+        ckpt = storage.commit_checkpoint(0, 0, ranks, 0, {})
+    finally:
+        os.umask(umask)
     paths = [Path(ckpt.path), *Path(ckpt.path).rglob("*")]
     assert len(paths) == 3 + len(ranks)  # the directory, sub/, the marker and each rank's file
     for path in paths:
-        assert stat.S_IMODE(path.stat().st_mode) == (0o777 if path.is_dir() else 0o666) & ~umask, path
+        assert stat.S_IMODE(path.stat().st_mode) == (directory if path.is_dir() else file), path
 
 
 def test_remove_staging_if_empty(storage, tmp_path):
@@ -307,14 +318,14 @@ def test_big_files_are_staged_side_by_side_each_whole(storage, tmp_path, monkeyp
     second = threading.Event()
     real = local_files.copy_file
 
-    def copy_file(src, dest):
+    def copy_file(src, dest, mode):
         with lock:
             in_flight[0] += 1
             most[0] = max(most[0], in_flight[0])
             if in_flight[0] > 1:
                 second.set()
         second.wait(10)  # the first copy holds on until another starts beside it
-        real(src, dest)
+        real(src, dest, mode)
         with lock:
             in_flight[0] -= 1
 
@@ -343,10 +354,10 @@ def test_one_failed_copy_among_parallel_ones_fails_the_staging(storage, tmp_path
     monkeypatch.setattr(storage_mod, "retry_call", lambda op, url, fn: fn(), raising=False)
     real = local_files.copy_file
 
-    def copy_file(src, dest):
+    def copy_file(src, dest, mode):
         if src.endswith("b.bin"):
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(src, dest)
+        real(src, dest, mode)
 
     monkeypatch.setattr(local_files, "copy_file", copy_file)
     src = tmp_path / "user_dir"

@@ -262,7 +262,7 @@ def test_storage_path_without_permission_says_so(tmp_path, monkeypatch):
     def denied(path, *args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", path)
 
-    monkeypatch.setattr(os, "makedirs", denied)  # (the tests may run as root, who may write anywhere)
+    monkeypatch.setattr(os, "mkdir", denied)  # (the tests may run as root, who may write anywhere)
     with pytest.raises(ValueError) as info:
         StorageContext(str(tmp_path / "new" / "res"), "run").prepare()
     msg = str(info.value)

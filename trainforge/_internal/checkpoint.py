@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainforge._internal.filesystem import is_local_fs
+from trainforge._internal.state_files import create, data_modes
 
 METADATA_FILE = ".metadata.json"
 
@@ -131,7 +132,7 @@ class Checkpoint:
         text = json.dumps(metadata)
         if self.is_local:
             tmp = self._metadata_path() + ".tmp"
-            with open(tmp, "w") as f:
+            with create(tmp, "w", data_modes().file) as f:
                 f.write(text)
             os.replace(tmp, self._metadata_path())
         else:

@@ -73,6 +73,27 @@ def job_attempt() -> int | None:
     value = os.environ.get(ENV_JOB_ATTEMPT, "")
     return int(value) if value.isdigit() else None
 
+# The modes of what runs and registries write on local disk (run directories, checkpoints, logs,
+# registry blobs and records, the registry cache): "private" (the default: files 0600, read-only
+# blobs 0400, directories 0700, whatever the umask) or "umask" (as the process umask says, as Ray
+# and MLflow write: 0644 / 0444 / 0755 under umask 022; 0640 / 0440 / 0750 under 027 for a group).
+# Read by whatever writes them (the driver, its workers, the registry): state_files.data_modes().
+ENV_FILE_MODE = "TRAINFORGE_FILE_MODE"
+FILE_MODE_SETTINGS = ("private", "umask")
+
+
+def file_mode_setting() -> str:
+    """``$TRAINFORGE_FILE_MODE``: ``private`` (unset or empty) or ``umask``; ValueError otherwise."""
+    raw = os.environ.get(ENV_FILE_MODE, "")
+    value = raw.strip().lower() or FILE_MODE_SETTINGS[0]
+    if value not in FILE_MODE_SETTINGS:
+        raise ValueError(
+            f"${ENV_FILE_MODE}={raw!r}: choose 'private' (the default: files 0600, directories 0700, the owner's "
+            "alone) or 'umask' (as the process umask says, e.g. group-readable under umask 027)"
+        )
+    return value
+
+
 # Resources this machine offers to local workers (elastic sizing): a JSON object such as
 # '{"CPU": 8, "GPU": 2}', or '@/path/to/file.json' to re-read a file at every sizing decision.
 ENV_LOCAL_RESOURCES = "TRAINFORGE_LOCAL_RESOURCES"

@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from trainforge._internal.exceptions import WorkerFailure
+from trainforge._internal.state_files import create, data_modes
 
 _FIELDS = {f.name for f in dataclasses.fields(WorkerFailure)}
 _ORDER = ("attempt", "rank", "pid", "kind", "exit_code", "exc_type", "message", "time", "traceback", "log_tail")
@@ -65,7 +66,7 @@ def mark_rank_logs(log_dir: str | None, failures: list[WorkerFailure]) -> None:
         if f.rank < 0:
             continue
         try:
-            with open(os.path.join(log_dir, f"rank_{f.rank}.log"), "a", encoding="utf-8") as log:
+            with create(os.path.join(log_dir, f"rank_{f.rank}.log"), "a", data_modes().file, "utf-8") as log:
                 log.write(marker(f))
         except OSError:
             pass  # the record in run_state.json stays

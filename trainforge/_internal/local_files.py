@@ -1,6 +1,7 @@
 """Local-disk file operations of the checkpoint protocol (:mod:`trainforge._internal.storage` on a
 local run directory): a tree copied into staging, a file written in a directory nobody reads yet, a
-directory renamed into place."""
+directory renamed into place. Files and directories are created with the run directory's
+:class:`~trainforge._internal.state_files.Modes` (the owner's alone by default), given at creation."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ import shutil
 import threading
 from typing import TYPE_CHECKING, Any
 
+from trainforge._internal.state_files import PRIVATE, Modes, create, make_dirs
+
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
 
-def copy_tree(src: str, dest: str) -> None:
-    """Copy the files under ``src`` into ``dest`` (merging with what is there). Directories and files
-    get the default permissions (0o777 / 0o666 less the umask): ``shutil.copytree`` would give the
-    checkpoint the 0o700 of the temporary directory the user wrote it in. Files of at least
+def copy_tree(src: str, dest: str, modes: Modes = PRIVATE) -> None:
+    """Copy the files under ``src`` into ``dest`` (merging with what is there), the new directories
+    and files created with ``modes`` (the run directory's, not the source's: ``shutil.copytree``
+    would copy the modes of the directory the user wrote the checkpoint in). Files of at least
     ``BIG_FILE_BYTES`` are copied side by side (:func:`copy_files`)."""
 
     def fail(exc: OSError) -> None:
@@ -27,9 +30,9 @@ def copy_tree(src: str, dest: str) -> None:
     for dirpath, _dirnames, filenames in os.walk(src, onerror=fail, followlinks=True):
         rel = os.path.relpath(dirpath, src)
         target = dest if rel == "." else os.path.join(dest, rel)
-        os.makedirs(target, exist_ok=True)
+        make_dirs(target, modes.dir)
         pairs.extend((os.path.join(dirpath, name), os.path.join(target, name)) for name in filenames)
-    copy_files(pairs)
+    copy_files(pairs, modes.file)
 
 
 # A file this big is worth a copy on another thread: on a 2-core machine two 5 MB files copy in
@@ -43,10 +46,11 @@ _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 
 
-def copy_files(pairs: list[tuple[str, str]]) -> None:
-    """Copy each ``(src, dest)`` file; the big ones (``BIG_FILE_BYTES``) on up to as many threads
-    as this process may use CPUs (``COPY_THREADS`` at most), largest first, the calling thread taking its share.
-    Every copy is finished or failed when this returns; the first failure is raised."""
+def copy_files(pairs: list[tuple[str, str]], mode: int = PRIVATE.file) -> None:
+    """Copy each ``(src, dest)`` file (a new ``dest`` created with ``mode``); the big ones
+    (``BIG_FILE_BYTES``) on up to as many threads as this process may use CPUs (``COPY_THREADS`` at
+    most), largest first, the calling thread taking its share. Every copy is finished or failed when
+    this returns; the first failure is raised."""
     sizes: dict[tuple[str, str], int] = {}
     for pair in pairs:
         try:
@@ -57,7 +61,7 @@ def copy_files(pairs: list[tuple[str, str]]) -> None:
     threads = min(len(big), _usable_cpus(), COPY_THREADS)
     if threads < 2:
         for src, dest in pairs:
-            copy_file(src, dest)
+            copy_file(src, dest, mode)
         return
     small = [p for p in pairs if sizes[p] < BIG_FILE_BYTES]
     queue = iter(big + small)
@@ -71,7 +75,7 @@ def copy_files(pairs: list[tuple[str, str]]) -> None:
             if pair is None:
                 return
             try:
-                copy_file(*pair)
+                copy_file(*pair, mode)
             except BaseException as exc:  # noqa: BLE001 - raised by the caller below
                 errors.append(exc)
 
@@ -115,14 +119,16 @@ if hasattr(os, "register_at_fork"):
 _NO_COPY_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM, errno.EBADF}
 
 
-def copy_file(src: str, dest: str) -> None:
-    """``shutil.copyfile`` (the data, not the mode), by ``copy_file_range`` where the kernel has it:
-    the copy stays in the kernel with one call per file (about 10% faster than the ``sendfile`` loop
-    that ``shutil`` uses on Linux for a file of a few MB, measured by bench_recovery's persist part)."""
+def copy_file(src: str, dest: str, mode: int = PRIVATE.file) -> None:
+    """``shutil.copyfile`` (the data, not the mode: a new ``dest`` is created with ``mode``), by
+    ``copy_file_range`` where the kernel has it: the copy stays in the kernel with one call per file
+    (about 10% faster than the ``sendfile`` loop that ``shutil`` uses on Linux for a file of a few MB,
+    measured by bench_recovery's persist part)."""
     if not hasattr(os, "copy_file_range"):
+        create(dest, "wb", mode).close()  # then shutil writes into it, its mode kept
         shutil.copyfile(src, dest)
         return
-    with open(src, "rb") as fin, open(dest, "wb") as fout:
+    with open(src, "rb") as fin, create(dest, "wb", mode) as fout:
         size = os.fstat(fin.fileno()).st_size
         if size >= BIG_FILE_BYTES:
             _reserve(fout.fileno(), size)
@@ -138,7 +144,7 @@ def copy_file(src: str, dest: str) -> None:
                 raise
         if done == size and size:
             return
-    shutil.copyfile(src, dest)  # nothing copied (an empty or special file, or no copy_file_range here)
+    shutil.copyfile(src, dest)  # nothing copied (an empty or special file, or no copy_file_range here): dest exists
 
 
 _fallocate: Any = None
@@ -163,9 +169,10 @@ def _reserve(fd: int, size: int) -> None:
         _fallocate(fd, 1, 0, size)  # 1: FALLOC_FL_KEEP_SIZE; an error (-1) leaves the copy to allocate
 
 
-def write_new(path: str, data: bytes) -> None:
-    """Write a file in a directory nobody reads yet (a staging directory): no temporary name."""
-    with open(path, "wb") as f:
+def write_new(path: str, data: bytes, mode: int = PRIVATE.file) -> None:
+    """Write a file in a directory nobody reads yet (a staging directory): no temporary name; a new
+    file is created with ``mode``."""
+    with create(path, "wb", mode) as f:
         f.write(data)
 
 

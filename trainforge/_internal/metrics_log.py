@@ -7,6 +7,7 @@ import os
 import time
 from typing import Any
 
+from trainforge._internal.state_files import data_modes
 from trainforge._internal.storage import METRICS_FILE, StorageContext, dumps
 
 _FLUSH_INTERVAL_S = 1.0
@@ -33,7 +34,7 @@ class MetricsLog:
         if not self._unwritten:
             return
         if self._storage.is_local:  # one append, as bytes: no text layer (this runs before each commit)
-            fd = os.open(self._storage.path(METRICS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            fd = os.open(self._storage.path(METRICS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, data_modes().file)
             try:
                 data = ("\n".join(self._unwritten) + "\n").encode()
                 while data:

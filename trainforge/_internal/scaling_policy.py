@@ -3,7 +3,9 @@ when more fit and shrinking (never below min) when the offer drops below what th
 
 The resource view is the executor's: the local machine's CPUs and GPUs (resources.local_available),
 or a Ray cluster's free resources plus those the run's own placement group holds
-(worker_group/ray.py), so a running group counts as room for itself.
+(worker_group/ray.py), so a running group counts as room for itself. Locally each worker counts at
+least ``resources.MIN_CPU_PER_WORKER`` CPUs (one that asks for none included), so a train server's
+grant bounds a job of zero-CPU workers too.
 """
 
 from __future__ import annotations
@@ -32,17 +34,18 @@ class ScalingPolicy:
         self.scaling = scaling
         self._available = available
         self._where = "the Ray cluster offers" if executor == "ray" else "the machine offers"
+        self._charged = executor != "ray"  # locally each worker counts at least MIN_CPU_PER_WORKER (resources.py)
 
     def size_now(self) -> int | None:
         if not self.scaling.elastic:
             return self.scaling.max_workers
-        n = workers_that_fit(self.scaling, self._available())
+        n = workers_that_fit(self.scaling, self._available(), charged=self._charged)
         return n if n >= self.scaling.min_workers else None
 
     def decide(self, current: int) -> ScalingDecision:
         if not self.scaling.elastic:
             return ScalingDecision.KEEP
-        n = workers_that_fit(self.scaling, self._available())
+        n = workers_that_fit(self.scaling, self._available(), charged=self._charged)
         if n > current:
             return ScalingDecision.GROW
         if self.scaling.min_workers <= n < current:

@@ -34,6 +34,11 @@ on (an interrupted run's leftovers are removed by the next run, as above).
 
 Every operation retries transient errors and raises :class:`StorageError` naming the operation, the
 URL and the cause when it fails for good (see ``retry.py``).
+
+On local disk the run directory is its owner's alone: files 0600, directories 0700 (the missing
+parents of ``storage_path`` included), or as the umask says with ``$TRAINFORGE_FILE_MODE=umask``
+(:func:`~trainforge._internal.state_files.data_modes`). The modes are given when each file and
+directory is created: no extra pass over the files.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from trainforge._internal.exceptions import StorageError
 from trainforge._internal.filesystem import resolve_filesystem
 from trainforge._internal.local_files import copy_tree, move_dir, write_new
 from trainforge._internal.retry import display_url, is_transient, retry_call
+from trainforge._internal.state_files import create, data_modes, make_dirs
 
 COMMIT_MARKER = ".trainforge_checkpoint.json"
 STAGING_DIR = ".staging"
@@ -103,6 +109,8 @@ class StorageContext:
         # DataParallelTrainer(metadata=...): merged into the metadata of every committed checkpoint.
         self.trainer_metadata = dict(trainer_metadata or {})
         self.fs, root = resolve_filesystem(storage_path, filesystem)
+        if self.fs is None:
+            data_modes()  # a bad $TRAINFORGE_FILE_MODE is said here, before anything runs
         self.run_path = self._join(root, name)
         self._committed_staging: list[str] = []  # staging directories of committed reports, to remove
 
@@ -139,7 +147,7 @@ class StorageContext:
     # -- filesystem primitives (no retries: called through _do) ------------------------------------
     def _makedirs(self, path: str) -> None:
         if self.fs is None:
-            os.makedirs(path, exist_ok=True)
+            make_dirs(path, data_modes().dir)
         elif self._has_dirs:
             self.fs.makedirs(path, exist_ok=True)
 
@@ -186,7 +194,7 @@ class StorageContext:
         """Write a small file atomically (local: temporary name + rename; object stores: one PUT)."""
         if self.fs is None:
             tmp = path + ".tmp"
-            with open(tmp, "wb") as f:
+            with create(tmp, "wb", data_modes().file) as f:
                 f.write(data)
             os.replace(tmp, path)
         else:
@@ -289,7 +297,7 @@ class StorageContext:
             import tempfile
 
             path = os.path.join(tempfile.gettempdir(), "trainforge_logs", self.name)
-        os.makedirs(path, exist_ok=True)
+        make_dirs(path, data_modes().dir)
         return path
 
     def upload_logs(self, local_dir: str) -> None:
@@ -340,7 +348,7 @@ class StorageContext:
             if self.trainer_metadata:
                 self._do(op, single, self._merge_trainer_metadata, single)
             marker_path = os.path.join(single, COMMIT_MARKER)
-            self._do(op, marker_path, write_new, marker_path, dumps(marker).encode())
+            self._do(op, marker_path, write_new, marker_path, dumps(marker).encode(), data_modes().file)
             self._do(op, final, move_dir, single, final)
         else:
             self._do(op, final, self._rm, final)  # leftovers of an interrupted commit of the same number
@@ -449,7 +457,7 @@ class StorageContext:
         """Copy a rank's checkpoint files into its staging directory (an upload on remote storage)."""
         dest = self.staging_path(attempt, report_index, rank)
         if self.fs is None:
-            self._do("stage_checkpoint", dest, copy_tree, local_dir, dest)
+            self._do("stage_checkpoint", dest, copy_tree, local_dir, dest, data_modes())
         else:
             put = functools.partial(self.fs.put, recursive=True)
             self._do("stage_checkpoint", dest, put, local_dir.rstrip("/") + "/", dest + "/")

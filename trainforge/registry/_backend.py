@@ -10,6 +10,10 @@ registry's consistency rests on.
   which S3 makes visible only when complete).
 - listings and reads; remote calls retry transient errors (``trainforge._internal.retry``) and a
   missing path is always ``FileNotFoundError``.
+
+On local disk every file and directory is created the owner's alone (0600, blobs 0400, directories
+0700), or as the umask says with ``$TRAINFORGE_FILE_MODE=umask``
+(:func:`~trainforge._internal.state_files.data_modes`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import shutil
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from trainforge._internal.state_files import create, data_modes, make_dirs, read_only
 
 T = TypeVar("T")
 
@@ -91,9 +97,10 @@ class LocalBackend(Backend):
             return f.read()
 
     def _write_tmp(self, path: str, data: bytes) -> str:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        modes = data_modes()
+        make_dirs(os.path.dirname(path), modes.dir)
         tmp = _tmp_name(path)
-        with open(tmp, "wb") as f:
+        with create(tmp, "wb", modes.file) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -148,11 +155,13 @@ class LocalBackend(Backend):
 
     def put_local(self, local: str, rel: str) -> None:
         path = self._p(rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        modes = data_modes()
+        make_dirs(os.path.dirname(path), modes.dir)
         tmp = _tmp_name(path)
         try:
-            shutil.copyfile(local, tmp)
-            os.chmod(tmp, 0o444)  # blobs are immutable: an in-place write fails instead of corrupting them
+            create(tmp, "wb", modes.file).close()
+            shutil.copyfile(local, tmp)  # into the file just made: its mode kept
+            read_only(tmp)  # blobs are immutable: an in-place write fails instead of corrupting them
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):

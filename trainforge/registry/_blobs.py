@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from trainforge._internal.state_files import create, data_modes, make_dirs
 from trainforge.registry._backend import Backend, LocalBackend
 from trainforge.registry._cache import FileHashes
 from trainforge.registry._source import CHUNK, place
@@ -134,7 +135,7 @@ class BlobStore:
             return {}
         tmp_dir = self._b.local_path("blobs/sha256")
         assert tmp_dir is not None
-        os.makedirs(tmp_dir, exist_ok=True)
+        make_dirs(tmp_dir, data_modes().dir)
         tmps = {rel: os.path.join(tmp_dir, f".tmp-{uuid.uuid4().hex[:12]}") for rel in files}
 
         def stage(rel: str) -> None:
@@ -167,7 +168,7 @@ class BlobStore:
             if target is None:
                 self.upload(path, sha)
                 return size
-            os.makedirs(os.path.dirname(target), exist_ok=True)
+            make_dirs(os.path.dirname(target), data_modes().dir)
             tmp = staged.pop(sha, None)
             if tmp is None:
                 tmp = os.path.join(os.path.dirname(target), f".tmp-{uuid.uuid4().hex[:12]}")
@@ -198,10 +199,13 @@ class BlobStore:
     # -- reading --------------------------------------------------------------------------------
     def fetch(self, sha: str, dest: str) -> int:
         """Copy the blob to ``dest`` (a local path) whole and verified: IntegrityError when its bytes do
-        not hash to ``sha`` (``dest`` is then not created). Returns its size."""
-        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+        not hash to ``sha`` (``dest`` is then not created). Returns its size. A new ``dest``, and its
+        missing directories, are the owner's alone (or the umask's: ``data_modes``)."""
+        modes = data_modes()
+        make_dirs(os.path.dirname(dest) or ".", modes.dir)
         part = f"{dest}.part-{uuid.uuid4().hex[:8]}"
         try:
+            create(part, "wb", modes.file).close()  # the copy below writes into it, keeping its mode
             src = self.local_path(sha)
             if src is not None:
                 shutil.copyfile(src, part)  # in the kernel; then what was written is verified
@@ -226,7 +230,7 @@ class BlobStore:
         def link(item: tuple[str, dict[str, Any]]) -> None:
             rel, f = item
             target = os.path.join(directory, *rel.split("/"))
-            os.makedirs(os.path.dirname(target), exist_ok=True)
+            make_dirs(os.path.dirname(target), data_modes().dir)
             blob = self.local_path(f["sha256"])
             assert blob is not None
             try:

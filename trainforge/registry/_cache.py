@@ -16,6 +16,8 @@ import shutil
 import uuid
 from collections.abc import Callable
 
+from trainforge._internal.state_files import create, data_modes, make_dirs
+
 ENV_CACHE = "TRAINFORGE_REGISTRY_CACHE"
 
 
@@ -87,8 +89,9 @@ class FileHashes:
             return
         entries = dict(list(self.entries.items())[-self.MAX_ENTRIES :])
         with contextlib.suppress(OSError):
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            modes = data_modes()
+            make_dirs(os.path.dirname(self.path), modes.dir)
             tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
-            with open(tmp, "w") as f:
+            with create(tmp, "w", modes.file) as f:
                 json.dump(entries, f)
             os.replace(tmp, self.path)

@@ -8,10 +8,10 @@ local directory of regular files (:func:`local_source`, :func:`walk`). Two rules
   link is never followed (registering a directory with ``passwd -> /etc/passwd`` in it used to store
   ``/etc/passwd``), so what is stored is exactly the source's own files.
 - **A source file is never modified**, its mode included. Blobs are read-only, so a file is
-  hard-linked into the blobs only when it is a committed checkpoint's (never rewritten) and already
-  read-only (no write permission for anyone): the blob is then that very file, with nothing to
-  change. Any other file is copied, and the copy (the registry's own file) is made read-only
-  (:func:`place`).
+  hard-linked into the blobs only when it is a committed checkpoint's (never rewritten), already
+  read-only (no write permission for anyone) and no more readable than a blob of the registry
+  (0400 by default: a 0444 file is copied): the blob is then that very file, with nothing to change.
+  Any other file is copied, and the copy (the registry's own file) is made read-only (:func:`place`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
+from trainforge._internal.state_files import data_modes, read_only
 from trainforge.registry._types import SymlinkError
 from trainforge.registry._uri import is_model_uri
 
@@ -83,8 +84,9 @@ def refuse_remote_links(fs: Any, path: str, where: str) -> None:
 
 def place(src: str, dst: str, *, link: bool) -> None:
     """Put the regular file ``src`` at ``dst`` (a new name beside the blobs) without changing ``src``:
-    a hard link when ``link`` and ``src`` is read-only already (the blob is then that file as it is),
-    else a copy of its own made read-only (0444). ``SymlinkError`` when ``src`` is a link (not followed)."""
+    a hard link when ``link`` and ``src`` is read-only already and no more readable than a blob
+    (the blob is then that file as it is), else a copy of its own made read-only (0400, or the
+    umask's 0444 with ``$TRAINFORGE_FILE_MODE=umask``). ``SymlinkError`` when ``src`` is a link (not followed)."""
     try:
         fd = os.open(src, os.O_RDONLY | _NOFOLLOW)
     except OSError as exc:
@@ -95,7 +97,8 @@ def place(src: str, dst: str, *, link: bool) -> None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{src} is not a regular file: the registry stores regular files only")
-        if link and st.st_mode & 0o222 == 0:
+        mode = data_modes().file
+        if link and st.st_mode & 0o777 & ~(mode & 0o444) == 0:  # read-only, and readable by no more than a blob
             try:
                 os.link(src, dst, follow_symlinks=False)
             except OSError:
@@ -105,10 +108,10 @@ def place(src: str, dst: str, *, link: bool) -> None:
                 if (got.st_dev, got.st_ino) == (st.st_dev, st.st_ino):
                     return
                 os.unlink(dst)  # src was replaced meanwhile: copy the file that was opened
-        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)
         try:
             _copy_fd(fd, out, st.st_size)
-            os.fchmod(out, 0o444)  # blobs are immutable: an in-place write fails instead of corrupting them
+            read_only(out)  # blobs are immutable: an in-place write fails instead of corrupting them
         except BaseException:
             os.close(out)
             os.unlink(dst)

@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from trainforge._internal.state_files import data_modes, make_dirs
 from trainforge.registry._blobs import BlobStore, Progress, pool, sha256_file
 from trainforge.registry._catalog import Catalog
 from trainforge.registry._types import IntegrityError, ModelVersion
@@ -18,7 +19,7 @@ from trainforge.registry._types import IntegrityError, ModelVersion
 def pull(blobs: BlobStore, mv: ModelVersion, dest: str, progress: Progress | None) -> dict[str, int]:
     """Copy ``mv``'s files from ``blobs`` into the local directory ``dest``; files already there with
     the right checksum are kept. Returns ``{"files_copied", "bytes_copied", "files_skipped"}``."""
-    os.makedirs(dest, exist_ok=True)
+    make_dirs(dest, data_modes().dir)
     todo: list[tuple[str, dict[str, Any]]] = []
     skipped = 0
     for rel, f in mv.files.items():

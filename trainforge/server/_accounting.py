@@ -67,6 +67,15 @@ class Accounting:
         if self.store is not None and now - self._persisted >= PERSIST_S:
             self.persist(now)
 
+    def rename(self, old: str, new: str) -> None:
+        """``old``'s usage, and what their running jobs accrue from now on, are ``new``'s (a removed
+        user's: the store's row was renamed in the same transaction as the user's removal)."""
+        if old in self._values:
+            self._values[new] = self._values.pop(old)
+        for job_id, (user, weight, since) in list(self._running.items()):
+            if user == old:
+                self._running[job_id] = (new, weight, since)
+
     def usage(self, now: float) -> dict[str, float]:
         """Each user's decayed usage as of ``now`` (dominant-share seconds), running jobs included."""
         out = {user: value * self._decay(now - at) for user, (value, at) in self._values.items()}

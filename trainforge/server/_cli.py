@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -22,6 +23,7 @@ from typing import Any
 
 from trainforge._internal.http import DEFAULT_MAX_BODY
 from trainforge._internal.key_values import parse_key_values, size_arg
+from trainforge._internal.resources import MIN_CPU_PER_WORKER
 from trainforge.server._cli_listing import (
     client,
     jobs_command,
@@ -74,7 +76,8 @@ def add_commands(sub: Any) -> None:
     submit.add_argument("target", help="script.py (its fit() calls are the job's runs) or pkg.module:function")
     submit.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script or function")
     submit.add_argument("--workers", default="1", help="workers (N, or MIN-MAX for an elastic job); default 1")
-    submit.add_argument("--cpus", type=float, default=1.0, help="CPUs per worker (default 1)")
+    submit.add_argument("--cpus", type=float, default=1.0,
+                        help=f"CPUs per worker (default 1; each worker counts at least {MIN_CPU_PER_WORKER:g})")
     submit.add_argument("--gpus", type=float, default=0.0, help="GPUs per worker (default 0)")
     submit.add_argument("--memory", help="memory per worker, e.g. 4G (admission only)")
     submit.add_argument("--resources", type=parse_resources, help="other resources per worker, e.g. TPU=1")
@@ -168,7 +171,7 @@ def _server_start(args: Any) -> int:
         max_body=args.max_body, **start_config(args),
     )  # fmt: skip
     if args.detach:
-        from trainforge.server._main import dashboard_url, read_token, start_background_server
+        from trainforge.server._main import dashboard_url, own_terminal, read_token, start_background_server
 
         forward = ["--host", args.host, "--port", str(args.port), "--stop-grace", str(args.stop_grace),
                    "--max-body", str(args.max_body)]
@@ -188,7 +191,8 @@ def _server_start(args: Any) -> int:
         print(f"trainforge server: starting in the background (output in {config.state_dir}/server.log) ...", flush=True)
         url = start_background_server(config.state_dir, extra_args=forward)
         print(f"trainforge server: serving {url}\n  token: {config.state_dir}/token   state: {config.state_dir}")
-        print(f"  dashboard: {dashboard_url(url, read_token(config.state_dir))}")
+        shown = read_token(config.state_dir) if own_terminal() else None  # never into a log or a pipe
+        print(f"  dashboard: {dashboard_url(url, shown)}")
         return 0
     from trainforge.server._main import serve
 
@@ -297,6 +301,10 @@ def _submit(args: Any) -> int:
     from trainforge.server._submission import EARLIER_TRY
 
     target = args.target
+    for flag, amount in (("--cpus", args.cpus), ("--gpus", args.gpus)):
+        if not (math.isfinite(amount) and amount >= 0):
+            raise SystemExit(f"trainforge submit: {flag} {amount:g}: give a finite number >= 0 per worker (e.g. 0.5; "
+                             f"each worker counts at least {MIN_CPU_PER_WORKER:g} CPU)")  # fmt: skip
     per_worker: dict[str, float] = {"CPU": args.cpus}
     if args.gpus:
         per_worker["GPU"] = args.gpus

@@ -121,7 +121,8 @@ def add_commands(sub: Any, server_sub: Any, address: Any) -> None:
     change.add_argument("--no-os-user", action="store_true", help="their jobs run as a uid of their own again")
     listing = usub.add_parser("list", help="the users, their roles, shares and quotas")
     listing.add_argument("--json", action="store_true", help="print JSON")
-    remove = usub.add_parser("remove", help="remove a user (their token stops working; their jobs stay)")
+    remove = usub.add_parser("remove", help="remove a user (their token stops working; their jobs stay, under a "
+                                            "name no user can have)")
     remove.add_argument("name")
     rotate = usub.add_parser("rotate", help="give a user a new token (printed once; the old one stops working)")
     rotate.add_argument("name")
@@ -170,8 +171,8 @@ class _Direct:
             return book.update(parts[1], role=body.get("role"), shares=body.get("shares"), quota=quota or None,
                                clear_quota=quota == {}, os_user=os_user or None,
                                clear_os_user=os_user == "").public()  # fmt: skip
-        book.remove(parts[1])
-        return None
+        owner, jobs = book.remove(parts[1])
+        return {"name": parts[1], "jobs_owner": owner, "jobs": jobs}
 
     def close(self) -> None:
         self.store.close()
@@ -234,8 +235,9 @@ def _users_with(target: Any, args: Any) -> int:
         quota = ",".join(f"{k}={v:g}" for k, v in (user["quota"] or {}).items()) or "none"
         print(f"{user['name']}: {user['role']}, shares {user['shares']:g}, quota {quota}")
         return 0
-    target.request("DELETE", f"/users/{args.name}")
-    print(f"removed {args.name}: their token no longer works (their jobs stay theirs)")
+    gone = target.request("DELETE", f"/users/{args.name}")
+    print(f"removed {args.name}: their token no longer works; their {gone['jobs']} job(s) stay, owned by "
+          f"{gone['jobs_owner']!r}, a name no user can have (only admins may change them)")  # fmt: skip
     return 0
 
 

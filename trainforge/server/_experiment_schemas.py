@@ -88,6 +88,8 @@ class ExperimentOut(BaseModel):
     name: str
     path: str
     source: Literal["server", "import"]
+    owner: str = Field(default="admin", description=(
+        "who imported it (or whose trial job made it): only they or an admin may import its directory again"))
     tune_id: str | None
     searcher: str | None
     scheduler: str | None

@@ -5,6 +5,8 @@ and written by :mod:`trainforge.server._experiments`.
   spec's ``experiment`` tag, ``source`` "server") or imported from the directory (``source`` "import");
   its searcher, scheduler, metric, mode and search space (``space``, JSON: param -> {kind, low, high,
   log, choices}). ``ended_at``: set for an imported experiment (a snapshot), None while trials may come.
+  ``owner`` (migration 5, :data:`EXPERIMENT_OWNER`): the user who imported it, or whose trial job
+  made it (experiments from before were the admin's); only they or an admin may import it again.
 - ``trials``: one per trial of an experiment. ``jobs`` (JSON ``[{"job": id, "cut": n | null}]``) are
   the jobs that ran it (PBT: one per run), each with ``cut``, the iteration at which a tuner's stop
   decision was taken (its reports after it are not the trial's); ``job_id``/``job_state`` the latest
@@ -74,3 +76,5 @@ CREATE TABLE decisions (
 );
 CREATE INDEX decisions_experiment ON decisions(experiment_id, seq)
 """
+
+EXPERIMENT_OWNER = "ALTER TABLE experiments ADD COLUMN owner TEXT NOT NULL DEFAULT 'admin'"

@@ -46,7 +46,7 @@ def summary(row: Any, trials: list[Any]) -> ExperimentOut:
     starts = [t["started_at"] for t in trials if t["started_at"] is not None]
     ends = [t["ended_at"] for t in trials if t["ended_at"] is not None]
     return ExperimentOut(
-        id=row["id"], name=row["name"], path=row["path"], source=row["source"], tune_id=row["tune_id"],
+        id=row["id"], name=row["name"], path=row["path"], source=row["source"], owner=row["owner"], tune_id=row["tune_id"],
         searcher=row["searcher"], scheduler=row["scheduler"], metric=row["metric"], mode=row["mode"],
         space=json.loads(row["space"] or "{}"), trials=len(trials), counts=counts,
         best=BestOut(trial_id=best["trial_id"], value=best["last"], job=best["job_id"], checkpoint=best["checkpoint"],

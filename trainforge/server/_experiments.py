@@ -13,7 +13,9 @@ Where the data comes from:
   :class:`~trainforge.server._trial_stats.Stats`), and the job's state becomes the trial's.
 - **A decision** (``POST /jobs/{id}/decisions``: the tuner stopped the trial at a rung, exploited,
   ...) says why the trial ended and *where*: its reports after that iteration are not the trial's.
-- **An import** (``trainforge experiments import PATH``) replaces an imported experiment whole.
+- **An import** (``trainforge experiments import PATH``) replaces an imported experiment whole: its
+  owner's import, or an admin's (another member's is refused, naming the owner, as MLflow refuses a
+  second experiment of one name: :class:`ExperimentOwned`).
 
 Every change bumps ``rev``, one counter for all experiments (the live stream's event id), under one
 lock; the store is written through its one writer.
@@ -32,6 +34,7 @@ from trainforge.server._experiment_schemas import DecisionIn, DecisionOut, Exper
 from trainforge.server._importance import ImportanceCache, warm_up
 from trainforge.server._state import JobEvent, JobState
 from trainforge.server._trial_stats import CurveCache, Stats, number
+from trainforge.server._users import ADMIN_PRINCIPAL, Principal
 
 if TYPE_CHECKING:
     import sqlite3
@@ -52,6 +55,10 @@ class ExperimentNotFound(LookupError):
 class NotATrial(RuntimeError):
     """A request about a job that is no trial of an experiment here, or an import that would replace
     an experiment whose trials run here (HTTP 409)."""
+
+
+class ExperimentOwned(RuntimeError):
+    """An import of a directory another user imported (HTTP 409, naming them)."""
 
 
 def trial_state(job_state: str | None, reason: dict[str, Any] | None) -> str:
@@ -148,7 +155,7 @@ class Experiments:
                 self._watermark = int(store.query("SELECT COALESCE(MAX(job_id), 0) FROM trials")[0][0])
             if top > self._watermark:
                 rows = store.query(
-                    "SELECT id, name, spec, submitted_at FROM jobs WHERE id > ? AND id <= ? "
+                    "SELECT id, name, spec, submitted_at, owner FROM jobs WHERE id > ? AND id <= ? "
                     "AND json_extract(spec, '$.experiment.path') IS NOT NULL ORDER BY id", (self._watermark, top))
                 if rows:
                     store.write(lambda conn: self._each(self._take_job, conn, rows))
@@ -178,9 +185,10 @@ class Experiments:
         if found is None:
             cur = conn.execute(
                 "INSERT INTO experiments(path, name, tune_id, source, searcher, scheduler, metric, mode, space, "
-                "created_at) VALUES (?, ?, ?, 'server', ?, ?, ?, ?, ?, ?)",
+                "created_at, owner) VALUES (?, ?, ?, 'server', ?, ?, ?, ?, ?, ?, ?)",
                 (tag["path"], tag["name"], tag.get("tune_id"), tag.get("searcher"), tag.get("scheduler"),
-                 tag.get("metric"), tag.get("mode"), json.dumps(tag.get("space") or {}), row["submitted_at"]))  # fmt: skip
+                 tag.get("metric"), tag.get("mode"), json.dumps(tag.get("space") or {}), row["submitted_at"],
+                 row["owner"]))  # fmt: skip
             experiment_id = int(cur.lastrowid or 0)
         else:
             experiment_id = int(found[0])
@@ -297,15 +305,23 @@ class Experiments:
         return None
 
     # -- imports ------------------------------------------------------------------------------------
-    def import_experiment(self, body: ExperimentImportIn) -> int:
-        """Put an experiment read from its directory in (replacing an earlier import of it); its id.
-        An experiment whose trials ran as jobs here is not replaced (NotATrial)."""
+    def import_experiment(self, body: ExperimentImportIn, who: Principal = ADMIN_PRINCIPAL) -> int:
+        """Put an experiment read from its directory in, imported by ``who`` (replacing an earlier
+        import of it: ``who``'s own, or any if ``who`` is an admin); its id. An experiment whose trials
+        ran as jobs here is not replaced (NotATrial), nor another user's import (ExperimentOwned)."""
         with self._lock:
             self.sync()  # trial jobs not looked at yet may have made it a server experiment
-            found = self.store.query("SELECT id, source FROM experiments WHERE path = ?", (body.path,))
+            found = self.store.query("SELECT id, source, owner FROM experiments WHERE path = ?", (body.path,))
             if found and found[0]["source"] == "server":
                 raise NotATrial(f"the experiment at {body.path!r} is experiment {found[0]['id']} here already, its "
                                 f"trials ran as this server's jobs: see /experiments/{found[0]['id']}")  # fmt: skip
+            if found and found[0]["owner"] != who.name and not who.is_admin:
+                owner, known = found[0]["owner"], found[0]["id"]
+                raise ExperimentOwned(
+                    f"the experiment at {body.path!r} is experiment {known} here, imported by {owner!r}: only they or an "
+                    f"admin may import it again. See /experiments/{known}, or copy the directory elsewhere and import "
+                    "the copy to have one of your own"
+                )
             now = time.time()
 
             def work(conn: sqlite3.Connection) -> int:
@@ -322,9 +338,10 @@ class Experiments:
                 else:
                     cur = conn.execute(
                         "INSERT INTO experiments(path, name, tune_id, source, searcher, scheduler, metric, mode, space, "
-                        "created_at, ended_at) VALUES (?, ?, ?, 'import', ?, ?, ?, ?, ?, ?, ?)",
+                        "created_at, ended_at, owner) VALUES (?, ?, ?, 'import', ?, ?, ?, ?, ?, ?, ?, ?)",
                         (body.path, body.name, body.tune_id, body.searcher, body.scheduler, body.metric, body.mode,
-                         json.dumps({k: v.model_dump() for k, v in body.space.items()}), now, body.saved_at or now))  # fmt: skip
+                         json.dumps({k: v.model_dump() for k, v in body.space.items()}), now, body.saved_at or now,
+                         who.name))  # fmt: skip
                     experiment_id = int(cur.lastrowid or 0)
                 for trial in body.trials:
                     self._import_trial(conn, experiment_id, trial, body.metric, body.mode)

@@ -47,7 +47,14 @@ class Launcher:
     def launch(self, job: JobRow, request: JobRequest, *, job_dir: str, attempt: int,
                gpu_ids: list[str] | None) -> subprocess.Popen[bytes] | zygote.ZygoteChild:  # fmt: skip
         """Start job ``job``'s runner (attempt ``attempt``, with ``gpu_ids``: None when the machine
-        has none to share out). :class:`LaunchError` if it cannot; OSError from the spawn itself."""
+        has none to share out). :class:`LaunchError` if it cannot, saying why."""
+        try:
+            return self._launch(job, request, job_dir=job_dir, attempt=attempt, gpu_ids=gpu_ids)
+        except OSError as exc:  # the spawn itself: no memory, no process slot, a state directory changed under us
+            raise LaunchError(f"could not start the job's runner: {exc}") from None
+
+    def _launch(self, job: JobRow, request: JobRequest, *, job_dir: str, attempt: int,
+                gpu_ids: list[str] | None) -> subprocess.Popen[bytes] | zygote.ZygoteChild:  # fmt: skip
         spec_env = job.spec.get("env") or {}
 
         def env_of(base: dict[str, str] | None) -> dict[str, str]:

@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -30,7 +31,7 @@ from typing import IO, Any
 # The package, then http.listen(): `from trainforge._internal.http import listen` would name the module
 # http.listen to import-linter, which is not the named interface.
 from trainforge._internal import http
-from trainforge._internal.state_files import open_append, write_atomic
+from trainforge._internal.state_files import DIR_MODE, open_append, write_atomic
 from trainforge.server._config import (
     RAY_KV_KEY,
     RAY_KV_NAMESPACE,
@@ -79,6 +80,36 @@ def _ensure_token(state_dir: str, given: str | None, name: str = TOKEN_FILE) -> 
     token = given or read_text(path) or secrets.token_urlsafe(32)
     write_atomic(path, token, mode=0o600)
     return token
+
+
+def claim_state_dir(state_dir: str) -> str | None:
+    """Make ``state_dir`` (created if missing) this user's alone before a server uses it: it holds the
+    token and every job's spec, environment and output. One that belongs to another user is refused
+    (``PermissionError``, saying what to do); a looser mode (0755, made by hand or by an older
+    trainforge) becomes 0700. Returns the line that says so, or None when nothing changed."""
+    os.makedirs(state_dir, mode=DIR_MODE, exist_ok=True)
+    st = os.stat(state_dir)
+    if st.st_uid != os.geteuid():
+        raise PermissionError(
+            f"the state directory {state_dir} belongs to {_user_name(st.st_uid)}, not to {_user_name(os.geteuid())} "
+            "who starts this server: a server's state (its token, its jobs' files) must be its own user's alone. "
+            "Start the server as that user, or pass a --state-dir of your own"
+        )
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077 == 0:
+        return None
+    os.chmod(state_dir, DIR_MODE)
+    return (f"trainforge server: the state directory {state_dir} was mode {mode:04o}: made it {DIR_MODE:04o} (it holds "
+            "the token and every job's files)")
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"user {pwd.getpwuid(uid).pw_name!r} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
 
 
 def _become_subreaper() -> None:
@@ -185,7 +216,9 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
     from trainforge.server._isolation import Isolation
     from trainforge.server._service import JobService
 
-    os.makedirs(config.state_dir, mode=0o700, exist_ok=True)
+    note = claim_state_dir(config.state_dir)
+    if note is not None:
+        announce(note)
     lock = _lock(config.state_dir)
     _become_subreaper()
     token = _ensure_token(config.state_dir, config.token)
@@ -246,7 +279,7 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
     announce(f"trainforge server: {where}: {kinds}")
     for line in isolation.lines():
         announce(f"trainforge server: {line}")
-    announce(f"trainforge server: dashboard at {dashboard_url(url, token if _own_terminal() else None)}")
+    announce(f"trainforge server: dashboard at {dashboard_url(url, token if own_terminal() else None)}")
     announce(f"trainforge server: serving {url} (pid {os.getpid()})")  # the last line: clients may connect
     sys.stdout.flush()
     # uvicorn re-raises SIGTERM/SIGINT once it has shut down; let that end this function through its
@@ -283,9 +316,10 @@ def dashboard_url(url: str, token: str | None) -> str:
     return f"{url}/ (`trainforge dashboard` prints its URL with the token that opens it)"
 
 
-def _own_terminal() -> bool:
+def own_terminal() -> bool:
     """Output goes to a terminal, the user's own: there the dashboard's URL may carry the token (as
-    Jupyter's does); not to a file or pipe, where logs may keep it."""
+    Jupyter's does); not to a file or pipe, where logs may keep it. The one rule for every start
+    (foreground and ``--detach``); ``trainforge dashboard``, asked for the URL, always prints it."""
     try:
         return sys.stdout.isatty()
     except (AttributeError, ValueError):
@@ -293,11 +327,14 @@ def _own_terminal() -> bool:
 
 
 def start_background_server(state_dir: str | None = None, *, extra_args: list[str] | None = None,
-                            timeout_s: float = 60.0) -> str:  # fmt: skip
+                            timeout_s: float = 60.0, announce: Callable[[str], None] = print) -> str:  # fmt: skip
     """Start ``trainforge server start`` detached (output in ``<state_dir>/server.log``) and return
-    its URL once it answers."""
+    its URL once it answers. The state directory is claimed first (:func:`claim_state_dir`: a
+    mode it changed is told to ``announce``, another user's directory refused)."""
     state_dir = os.path.abspath(os.path.expanduser(state_dir or default_state_dir()))
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    note = claim_state_dir(state_dir)
+    if note is not None:
+        announce(note)
     check_not_running(state_dir)  # a running server's files are left alone
     for stale in (ADDRESS_FILE, SERVER_FILE):
         try:

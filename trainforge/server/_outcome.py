@@ -1,7 +1,11 @@
 """How a job's run ended, as the changes the service records: from the outcome its runner wrote
 (``exit.json``), or, without one, from why the runner is gone (killed while the job was stopping;
 else *lost*: requeued while the job has retries left, failed after that). A job that was being
-preempted goes back to the queue (unless it had just succeeded)."""
+preempted goes back to the queue (unless it had just succeeded). A job whose runner never started
+(the server died after recording it STARTING, before its runner's pid: no runner found alive at
+restart, no outcome) goes back to the queue as it was, its attempt not counted: that spends no
+retry, and a job with ``max_retries=0`` still runs once. A job whose files are incomplete never
+runs: it fails, saying what is missing (:func:`broken`)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,13 @@ from typing import Any
 
 from trainforge.server._state import JobEvent, JobState
 from trainforge.server._store import Change, JobRow
+
+
+def broken(job_id: int, missing: str, now: float) -> Change:
+    """The end of a job that cannot run because its files are incomplete (``missing``: which)."""
+    error = f"the job's files are incomplete (missing {missing} in the server's state directory): it cannot run; submit it again"
+    return job_id, JobEvent.ENDED, {"error": error}, {"state": JobState.FAILED, "failure_class": "infra", "error": error,
+                                                      "ended_at": now, "pid": None}  # fmt: skip
 
 
 def run_ended(job: JobRow, outcome: dict[str, Any] | None, returncode: int | None, now: float) -> tuple[list[Change], bool]:
@@ -41,6 +52,10 @@ def run_ended(job: JobRow, outcome: dict[str, Any] | None, returncode: int | Non
     if job.state == JobState.STOPPING:
         fields = {"state": JobState.STOPPED, "exit_code": returncode, "failure_class": "stopped", **common}
         return [(job.id, JobEvent.ENDED, {"exit_code": returncode, "killed": True}, fields)], False
+    if job.state == JobState.STARTING and job.pid is None:  # the server died before starting its runner
+        attempt = max(0, job.attempt - 1)
+        payload = {"attempt": attempt, "max_retries": job.max_retries, "not_started": True}
+        return [(job.id, JobEvent.REQUEUED, payload, {"state": JobState.QUEUED, "attempt": attempt, "pid": None})], True
     how = f"exit code {returncode}" if returncode is not None and returncode >= 0 else (
         f"killed by {signal.Signals(-returncode).name}" if returncode is not None else "gone"
     )  # fmt: skip

@@ -5,7 +5,7 @@ What a sandboxed job sees (its :class:`~trainforge._internal.sandbox.Plan`):
 
 - read-only: the system (``/usr``, ``/etc``, ``/opt``, ``/sys``, ...), this Python and its
   packages, trainforge; the job's code (the script's directory, its ``sys_path``);
-- writable: its own directory (``<state>/jobs/<id>``), its user's home (``<state>/homes/<user>``,
+- writable: its own directory (``<state>/jobs/<id>``), its user's home (``<state>/homes/<user>-<n>``,
   ``$HOME``: runs go to ``~/trainforge_results`` by default), its working directory and the storage
   paths it names (``storage``, which ``trainer.submit()`` fills from ``RunConfig.storage_path``);
 - private: ``/tmp``, ``/dev/shm`` (in memory), ``/proc`` (its own processes only);
@@ -102,8 +102,11 @@ class JobSandboxes:
 
     # -- who ---------------------------------------------------------------------------------------
     def identity(self, owner: str) -> Identity:
-        """Who ``owner``'s jobs run as (``uid`` mode: their own uid; ``userns``: the server's)."""
-        home = os.path.join(self.homes, owner)
+        """Who ``owner``'s jobs run as (``uid`` mode: their own uid; ``userns``: the server's). Their
+        home is ``<state>/homes/<name>-<number>``: a user re-added under a removed one's name has
+        another number, so neither the removed one's uid nor their home."""
+        number = self.users.uid(owner)
+        home = os.path.join(self.homes, f"{owner}-{number}")
         if self.isolation.mode != "uid":
             return Identity(owner, home)
         os_user = None if owner == "admin" else self.users.get(owner).os_user
@@ -111,7 +114,7 @@ class JobSandboxes:
             account = pwd.getpwnam(os_user)
             groups = tuple(os.getgrouplist(os_user, account.pw_gid))
             return Identity(owner, account.pw_dir, account.pw_uid, account.pw_gid, groups)
-        uid = self.isolation.config.uid_base + self.users.uid(owner)
+        uid = self.isolation.config.uid_base + number
         return Identity(owner, home, uid, uid, (uid,))
 
     # -- the sandbox -------------------------------------------------------------------------------

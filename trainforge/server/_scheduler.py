@@ -11,6 +11,11 @@ only as far as a job could still start.
 
 The rule:
 
+0. **Charge.** Every worker is charged what it asks for, with at least
+   :data:`~trainforge._internal.resources.MIN_CPU_PER_WORKER` (0.1) CPUs, as a small Kubernetes
+   CPU request (:meth:`JobRequest.from_spec`): a job of 8 workers asking for no CPU is charged 0.8
+   CPU, against capacity, quotas and fair-share usage alike, so zero-CPU workers cannot start
+   without bound. The job's spec keeps what it asked for; its grant is what it is charged.
 1. **Order.** Queued jobs are taken by priority (higher first), then by submission sequence.
    Held jobs are skipped (they wait with reason ``held`` and reserve nothing).
 2. **Gang.** A job starts only when its whole request fits in what is free: its driver plus
@@ -65,6 +70,7 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from trainforge._internal.resources import MIN_CPU_PER_WORKER, charge
 from trainforge.server._decision import Decision, Pending, Start, _num, _Tail
 from trainforge.server._sharing import RunningJob, Team, add, fair_order, usage_ratios, victims
 from trainforge.server._waiting import WaitingQueue
@@ -79,7 +85,8 @@ _EPS = 1e-9
 
 @dataclasses.dataclass(frozen=True)
 class JobRequest:
-    """What a queued job asks for (from its ``ScalingConfig``)."""
+    """What a queued job is charged (:meth:`from_spec`: what its ``ScalingConfig`` or spec asks for,
+    each worker with at least ``MIN_CPU_PER_WORKER`` CPUs)."""
 
     job_id: int
     seq: int  # submission order, unique
@@ -108,12 +115,15 @@ class JobRequest:
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any], job_id: int = 0, *, priority: int = 0, held: bool = False,
                   user: str = "") -> JobRequest:  # fmt: skip
-        """What a job spec (as the server stores it) asks for (``job_id`` 0: a request checked
-        before the job has an id)."""
+        """What a job spec (as the server stores it) is charged (``job_id`` 0: a request checked
+        before the job has an id): each worker what it asks for, with at least
+        :data:`~trainforge._internal.resources.MIN_CPU_PER_WORKER` CPUs (rule 0). The one place a
+        spec becomes a request: submission checks, the queue, grants, grant files, elastic sizes,
+        quotas and usage all count this, while the spec keeps what was asked."""
         return cls(
             job_id=job_id,
             seq=job_id,
-            per_worker=spec.get("per_worker", {}),
+            per_worker=charge(spec.get("per_worker", {})),
             min_workers=int(spec.get("min_workers", 1)),
             max_workers=spec.get("max_workers"),
             driver=spec.get("driver", {}),
@@ -167,18 +177,26 @@ def check_fits(job: JobRequest, capacity: Resources, quota: Resources | None = N
             f"{_num(v)} {k} (capacity {_num(capacity.get(k, 0.0))})" for k, v in sorted(lacking.items())
         )
         raise ValueError(
-            f"{who} asks for {parts} with {job.min_workers} worker(s) and its driver, more than the "
-            "server has even when idle: ask for fewer workers or resources per worker, or start the server with "
-            "more capacity (--capacity)."
+            f"{who} asks for {parts} with {job.min_workers} worker(s) and its driver{_floor_note(job, lacking)}, more "
+            "than the server has even when idle: ask for fewer workers or resources per worker, or start the server "
+            "with more capacity (--capacity)."
         )
     over = _lacking({k: v for k, v in request.items() if quota and k in quota}, quota or {})
     if over:
         parts = ", ".join(f"{_num(v)} {k} (quota {_num((quota or {})[k])})" for k, v in sorted(over.items()))
         raise ValueError(
-            f"{who} asks for {parts} with {job.min_workers} worker(s) and its driver, more than its user's quota "
+            f"{who} asks for {parts} with {job.min_workers} worker(s) and its driver{_floor_note(job, over)}, more "
+            "than its user's quota "
             f"{job.user!r} allows even with nothing else running: ask for less, or ask an admin to raise the quota "
             "(`trainforge server users set NAME --quota ...`)."
         )
+
+
+def _floor_note(job: JobRequest, lacking: Mapping[str, float]) -> str:
+    """Why a request names CPUs its user may not have asked for (rule 0), when that is why it is refused."""
+    if "CPU" in lacking and job.per_worker.get("CPU", 0.0) <= MIN_CPU_PER_WORKER + _EPS:
+        return f" (each worker counts at least {MIN_CPU_PER_WORKER:g} CPU)"
+    return ""
 
 
 class _Scan:

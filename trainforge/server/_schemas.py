@@ -380,6 +380,14 @@ class UserTokenOut(BaseModel):
     token: str = Field(description="the user's token: shown once (only its hash is kept)")
 
 
+class UserRemovedOut(BaseModel):
+    name: str = Field(description="the user removed: their token no longer works")
+    jobs_owner: str = Field(description=(
+        "the name their jobs and fair-share usage are kept under, e.g. 'bob (removed 2026-11-28 14:03:12 UTC)': "
+        "no user can have it, so a user added later as 'bob' owns none of them"))
+    jobs: int = Field(description="how many jobs it owns")
+
+
 class WhoamiOut(BaseModel):
     name: str
     role: str

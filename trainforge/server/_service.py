@@ -39,7 +39,7 @@ from trainforge.server._isolation import Isolation, IsolationConfig
 from trainforge.server._job_files import JobFiles
 from trainforge.server._job_tokens import JobTokens
 from trainforge.server._launch import Launcher, LaunchError
-from trainforge.server._outcome import run_ended
+from trainforge.server._outcome import broken, run_ended
 from trainforge.server._processes import Processes, alive
 from trainforge.server._sandboxes import JobSandboxes, server_start_env
 from trainforge.server._scheduler import Decision, JobRequest, Pending, check_fits, decide, free_resources
@@ -120,7 +120,7 @@ class JobService:
             for job in self.store.jobs(WAITING_STATES, newest_first=False):
                 missing = self.files.missing(job)
                 if missing is not None:
-                    self._fail_broken(job.id, missing)
+                    self.store.update_many([broken(job.id, missing, time.time())])
                     counts["broken"] += 1
                     continue
                 self._waiting.put(request_of(job))
@@ -153,10 +153,6 @@ class JobService:
                              name=f"tf-job{job_id}-stop").start()  # fmt: skip
         return counts
 
-    def _fail_broken(self, job_id: int, missing: str) -> None:
-        self._fail(job_id, f"the job's files are incomplete (missing {missing} in the server's state directory): it "
-                           "cannot run; submit it again")  # fmt: skip
-
     def _fail(self, job_id: int, error: str, failure_class: str = "infra", event: JobEvent = JobEvent.ENDED) -> None:
         """The job ends FAILED before its runner ran, saying why."""
         self.store.update(job_id, event, {"error": error}, state=JobState.FAILED, failure_class=failure_class,
@@ -168,11 +164,6 @@ class JobService:
         self.usage.start()
         if self.warm:
             self.processes.start_zygote()
-
-    @property
-    def warm_pool(self) -> dict[str, Any]:
-        """The warm pool's state, for /health and the dashboard."""
-        return self.processes.warm_pool
 
     def active_jobs(self) -> list[int]:
         with self._lock:
@@ -365,12 +356,24 @@ class JobService:
             self.team.preempt(decision.preempt, decision.blocked, now)
             self.elastic.shrink(self._waiting.get(decision.blocked) if decision.blocked is not None else None)
             self.elastic.grow(decision.reserved, self.team.headroom)
+            self.team.settle(now)  # what started or grew is charged from now
 
     def _stop_preempted(self, job_id: int) -> None:
         self.processes.stop_job(job_id, grace_s=self.stop_grace_s)
 
     def reschedule(self) -> None:  # decide again (the users' quotas or shares changed)
         self._schedule()
+
+    def remove_user(self, name: str) -> tuple[str, int]:
+        """:meth:`UserBook.remove` (their jobs and usage pass to a name no user can have), and the
+        same in what the scheduler keeps of their waiting and running jobs; that name, and how many jobs."""
+        with self._lock:
+            tombstone, jobs = self.users.remove(name)
+            self.team.renamed(name, tombstone)
+            for job_id in [j.job_id for j in self._waiting if j.user == name]:
+                self._waiting.put(request_of(self.get(job_id)))
+            self._schedule()
+        return tombstone, jobs
 
     def queue(self) -> list[Pending]:  # every waiting job's reason (queue_page: only a page's)
         with self._lock:
@@ -402,7 +405,7 @@ class JobService:
         request = self._waiting.pop(job_id)
         missing = self.files.missing(job)
         if missing is not None:  # never a 500 or a job left QUEUED with no reason: it fails, saying why
-            self._fail_broken(job_id, missing)
+            self.store.update_many([broken(job_id, missing, time.time())])
             return
         try:
             self.files.write_grant(job_id, request, workers)
@@ -426,13 +429,10 @@ class JobService:
         try:
             popen = self.launcher.launch(job, request, job_dir=self.job_dir(job_id), attempt=attempt,
                                          gpu_ids=gpu_ids if tell_gpus else None)  # fmt: skip
-        except (OSError, LaunchError) as exc:
+        except LaunchError as exc:
             self._release(job_id)
             self.launcher.ended(job_id)
-            if isinstance(exc, LaunchError):
-                self._fail(job_id, str(exc), exc.failure_class, JobEvent.FAILED)
-            else:
-                self._fail(job_id, f"could not start the job's runner: {exc}", event=JobEvent.FAILED)
+            self._fail(job_id, str(exc), exc.failure_class, JobEvent.FAILED)
             return
         try:
             start_time: float | None = psutil.Process(popen.pid).create_time()

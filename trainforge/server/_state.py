@@ -73,7 +73,7 @@ class JobEvent(StrEnum):
     STOPPED = "stopped"  # stopped while it waited
     FAILED = "failed"  # its runner could not start
     LOST = "lost"  # its runner vanished
-    REQUEUED = "requeued"  # queued again after its runner was lost
+    REQUEUED = "requeued"  # queued again: its runner was lost, or never started (the server died first)
     ENDED = "ended"
     RETRY = "retry"  # an ended job queued again
     TUNE_DECISION = "tune_decision"  # a Tune scheduler's decision about the trial the job runs

@@ -29,7 +29,7 @@ from typing import Any
 
 from trainforge._internal.job_events import EventType
 from trainforge._internal.state_files import open_append
-from trainforge.server._experiment_tables import EXPERIMENT_TABLES
+from trainforge.server._experiment_tables import EXPERIMENT_OWNER, EXPERIMENT_TABLES
 from trainforge.server._reader_pool import ReaderPool as _ReaderPool
 from trainforge.server._state import JobEvent, JobState
 from trainforge.server._team_tables import ISOLATION_TABLES, TEAM_TABLES
@@ -83,7 +83,8 @@ _MIGRATIONS = {
     2: "ALTER TABLE jobs ADD COLUMN submission_digest TEXT",
     3: EXPERIMENT_TABLES,  # Tune experiments, their trials and decisions (trainforge.server._experiment_tables)
     4: TEAM_TABLES,  # users, jobs' owners, audit, fair-share usage, preemption (trainforge.server._team_tables)
-    5: ISOLATION_TABLES,  # users' uids, jobs' credentials (trainforge.server._team_tables)
+    5: EXPERIMENT_OWNER,  # who imported an experiment (trainforge.server._experiment_tables)
+    6: ISOLATION_TABLES,  # users' uids, jobs' credentials (trainforge.server._team_tables)
 }
 _SCHEMA_VERSION = max(_MIGRATIONS)  # the newest migration: each adds its own key
 
@@ -339,6 +340,16 @@ class JobStore:
             if "state" in fields:
                 body.setdefault("state", fields["state"])
             self._event(conn, job_id, event, body)
+
+    def rename_owner(self, conn: sqlite3.Connection, old: str, new: str) -> int:
+        """Inside a transaction: every job and experiment of ``old`` becomes ``new``'s (the counts by
+        owner follow at commit). Returns how many jobs."""
+        by_state = conn.execute("SELECT state, COUNT(*) FROM jobs WHERE owner=? GROUP BY state", (old,)).fetchall()
+        conn.execute("UPDATE jobs SET owner=? WHERE owner=?", (new, old))
+        conn.execute("UPDATE experiments SET owner=? WHERE owner=?", (new, old))
+        for state, n in by_state:
+            self._txn_counts += [((old, state), -int(n)), ((new, state), int(n))]
+        return sum(int(n) for _, n in by_state)
 
     def delete(self, job_id: int) -> None:
         def work(conn: sqlite3.Connection) -> None:

@@ -68,7 +68,8 @@ def submit_trainer(
     except ServerNotFoundError as exc:
         if exc.sent or address is not None or os.environ.get(ENV_ADDRESS):
             raise  # a server went away with the submission (retried until the deadline), or one was named
-        url = start_background_server(extra_args=[] if _port_free(DEFAULT_PORT) else ["--port", "0"])
+        url = start_background_server(extra_args=[] if _port_free(DEFAULT_PORT) else ["--port", "0"],
+                                      announce=lambda line: print(line, file=out, flush=True))  # fmt: skip
         print(f"trainforge: no train server was running; started one at {url} "
               f"(state in {default_state_dir()}; stop it with `trainforge server stop`)", file=out, flush=True)  # fmt: skip
         client = Client(url)

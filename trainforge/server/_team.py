@@ -115,6 +115,14 @@ class TeamState:
         if job.preempted_at is not None:
             self.preempted_at[job.id] = job.preempted_at
 
+    def renamed(self, old: str, new: str) -> None:
+        """The user ``old`` was removed, their jobs and usage given to ``new`` (a name no user can have:
+        :meth:`UserBook.remove`): what their running jobs hold, and their usage, are ``new``'s."""
+        for a in self.active.values():
+            if a.user == old:
+                a.user = new
+        self.accounting.rename(old, new)
+
     def forget(self, job_id: int) -> None:
         self.active.pop(job_id, None)
 
@@ -152,9 +160,7 @@ class TeamState:
         takes, as of ``now`` (``lendable``: what elastic jobs hold above their minimum); charges the
         users' usage up to now."""
         active, grants = self.active, self._grants
-        for job_id in [j for j in active if j not in grants]:
-            del active[job_id]  # its start failed (its files were incomplete): it holds nothing
-        self.accounting.sync({j: (active[j].user, g) for j, g in grants.items() if j in active}, now)
+        self.settle(now)
         running = []
         for job_id, grant in grants.items():
             a = active.get(job_id)
@@ -177,6 +183,15 @@ class TeamState:
             fair_share=self.policy.fair_share, preemption=self.policy.preemption,
         )  # fmt: skip
         return running, team
+
+    def settle(self, now: float) -> None:
+        """Charge the users' usage for what their jobs held up to ``now``, and from now on for what
+        they hold now (called before each decision, and after it: what started or grew is charged
+        from its start, not from the next decision)."""
+        active, grants = self.active, self._grants
+        for job_id in [j for j in active if j not in grants]:
+            del active[job_id]  # its start failed (its files were incomplete): it holds nothing
+        self.accounting.sync({j: (active[j].user, g) for j, g in grants.items() if j in active}, now)
 
     # -- for people and operators ---------------------------------------------------------------------
     def holdings(self) -> dict[str, dict[str, float]]:

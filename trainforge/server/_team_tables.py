@@ -14,7 +14,7 @@
   named, if any), ``status`` (the answer), ``client`` (from where: the peer address) and ``detail``.
 - ``usage``: each user's decayed usage (``value``, dominant-share seconds) as of ``at``.
 
-Migration 5 (:data:`ISOLATION_TABLES`), the jobs' sandboxes:
+Migration 6 (:data:`ISOLATION_TABLES`), the jobs' sandboxes:
 
 - ``users`` gains ``uid`` (the user's number: their jobs run as OS uid ``uid_base + uid``, see
   :mod:`trainforge.server._isolation`; never reused, so a user re-added under a removed one's name

@@ -11,6 +11,10 @@ Roles (what each may do: :mod:`trainforge.server._routes.access`):
 The scrape token (``<state-dir>/scrape_token``) signs in as ``scraper``, which may only read
 ``/metrics``.
 
+A removed user's jobs and fair-share usage stay, under a name no user can have
+(``bob (removed 2026-11-28 14:03:12 UTC)``, :func:`removed_name`), given them in the transaction
+that removes the user: a user added later as ``bob`` owns, may change and is charged for none of them.
+
 A user's token is ``tfu.<key id>.<secret>``: the key id finds the user's row; the secret is stored
 only as ``sha256(salt + secret)`` with a salt of the user's own, and compared in constant time. The
 token is shown once, when the user is added or their token rotated; losing it means rotating it.
@@ -95,8 +99,14 @@ class User:
                 "created_at": self.created_at, "rotated_at": self.rotated_at, "os_user": self.os_user}  # fmt: skip
 
 
+def is_user_name(name: str) -> bool:
+    """Whether a user may be called ``name`` (a removed user's jobs are kept under one that may not:
+    :func:`removed_name`)."""
+    return isinstance(name, str) and re.match(NAME_PATTERN, name) is not None
+
+
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not re.match(NAME_PATTERN, name):
+    if not is_user_name(name):
         raise ValueError(f"user name {name!r}: use 1-64 letters, digits and . _ @ - (starting with a letter or digit)")
     return name
 
@@ -138,6 +148,18 @@ def _next_uid(conn: sqlite3.Connection) -> int:
     conn.execute("INSERT INTO counters(name, value) VALUES ('user_uid', ?) "
                  "ON CONFLICT(name) DO UPDATE SET value=excluded.value", (value,))  # fmt: skip
     return value
+
+
+def removed_name(name: str, when: float, taken: Callable[[str], bool] = lambda _: False) -> str:
+    """What a removed user's jobs and usage are kept under: ``"bob (removed 2026-11-28 14:03:12 UTC)"``,
+    which no user can be called (:data:`NAME_PATTERN` has no spaces or parentheses), made unique with
+    a number when ``taken`` says it is."""
+    base = f"{name} (removed {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(when))} UTC"
+    candidate, n = base + ")", 1
+    while taken(candidate):
+        n += 1
+        candidate = f"{base}, {n})"
+    return candidate
 
 
 def _hash(salt: str, secret: str) -> str:
@@ -343,14 +365,29 @@ class UserBook:
         assert kept.uid is not None
         return kept.uid
 
-    def remove(self, name: str) -> None:
-        """Remove ``name``: their token stops working at once (their jobs stay, and keep their owner)."""
+    def remove(self, name: str) -> tuple[str, int]:
+        """Remove ``name``: their token stops working at once. Their jobs stay, and so does their
+        fair-share usage, under the name :func:`removed_name` gives them, which no user can have: a
+        user added later under ``name`` owns, may change and is charged for none of them. One
+        transaction (a crash leaves the user and their jobs as they were, or all of it done). Returns
+        that name and how many jobs it holds."""
         self.get(name)
-        self.store.write(lambda conn: conn.execute("DELETE FROM users WHERE name=?", (name,)))
+
+        def work(conn: sqlite3.Connection) -> tuple[str, int]:
+            if conn.execute("DELETE FROM users WHERE name=?", (name,)).rowcount == 0:
+                raise UnknownUserError(f"no user {name!r} (list them with `trainforge server users list`)")
+            tombstone = removed_name(name, time.time(), lambda n: conn.execute(
+                "SELECT 1 FROM jobs WHERE owner=? UNION ALL SELECT 1 FROM usage WHERE user=? LIMIT 1", (n, n)
+            ).fetchone() is not None)  # fmt: skip
+            conn.execute("UPDATE usage SET user=? WHERE user=?", (tombstone, name))
+            return tombstone, self.store.rename_owner(conn, name, tombstone)
+
+        tombstone, jobs = self.store.write(work)
         with self._lock:
             user = self._users.pop(name, None)
             if user is not None:
                 self._keys.pop(user.key_id, None)
+        return tombstone, jobs
 
     def _change(self, name: str, sets: str, values: tuple[Any, ...]) -> sqlite3.Row:
         def work(conn: sqlite3.Connection) -> sqlite3.Row:

@@ -13,6 +13,8 @@ from typing import Any
 
 import fsspec
 
+from trainforge._internal.state_files import create, data_modes, make_dirs
+
 STATE_FILE = "experiment_state.json"
 TUNER_FILE = "tuner.pkl"
 
@@ -92,13 +94,15 @@ class ExperimentStore:
 
     def write(self, name: str, data: bytes) -> None:
         target = f"{self.root}/{name}"
-        self.fs.makedirs(self.root, exist_ok=True)
-        if self.local:  # atomic: a reader never sees half a file
+        if self.local:  # atomic: a reader never sees half a file; the owner's alone, as run directories
+            modes = data_modes()
+            make_dirs(self.root, modes.dir)
             tmp = f"{target}.tmp{os.getpid()}"
-            with open(tmp, "wb") as f:
+            with create(tmp, "wb", modes.file) as f:
                 f.write(data)
             os.replace(tmp, target)
         else:  # one PUT: object stores replace an object atomically
+            self.fs.makedirs(self.root, exist_ok=True)
             self.fs.pipe_file(target, data)
 
     def read(self, name: str) -> bytes | None:

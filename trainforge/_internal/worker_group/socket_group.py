@@ -23,6 +23,7 @@ from typing import Any
 from trainforge._internal import constants
 from trainforge._internal.exceptions import WorkerFailure, WorkerGroupError, format_failures
 from trainforge._internal.log_streaming import LogStreamer
+from trainforge._internal.state_files import create, data_modes
 from trainforge._internal.worker_group.api import (
     DoneEvent,
     Event,
@@ -135,7 +136,7 @@ class SocketWorkerGroup(WorkerGroup):
     def _open_log(self, w: WorkerHandle) -> None:
         assert w.spec is not None
         if self._log_dir is not None:
-            w.log_file = open(os.path.join(self._log_dir, f"rank_{w.spec.rank}.log"), "ab")  # noqa: SIM115
+            w.log_file = create(os.path.join(self._log_dir, f"rank_{w.spec.rank}.log"), "ab", data_modes().file)
         else:
             w.log_file = open(os.devnull, "wb")  # noqa: SIM115
         for s in w.streamers:

@@ -40,6 +40,7 @@ from trainforge._internal.constants import (
     ENV_STACK_FILE,
     ENV_WORKER_KEY,
 )
+from trainforge._internal.state_files import create, data_modes
 
 STACK_SIGNAL = signal.SIGUSR1
 _stack_file: Any = None
@@ -245,7 +246,7 @@ def main() -> int:
         # SIGUSR1 dumps every thread's stack into this file, even while the main thread is blocked
         # in C code (a collective, a lock): the driver uses it to show where a hung worker is.
         global _stack_file
-        _stack_file = open(stack_path, "a")  # noqa: SIM115 - lives as long as the process
+        _stack_file = create(stack_path, "a", data_modes().file)  # lives as long as the process
         faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
     # Stop cleanly on SIGTERM: raise in the main thread so `finally` blocks and atexit run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -48,7 +48,7 @@ from fastapi import Depends, HTTPException, Request
 from starlette.routing import compile_path
 
 from trainforge._internal.http import deny
-from trainforge.server._users import ADMIN_PRINCIPAL, Principal
+from trainforge.server._users import ADMIN_PRINCIPAL, Principal, is_user_name
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 P = "/api/v1"
@@ -120,8 +120,9 @@ def refusal(who: Principal, rule: str, *, owner: str | None = None, job_id: int 
     allowed = ROLE_RULES.get(who.role, frozenset())
     if rule in allowed:
         if rule in OWN_ONLY and owner is not None and owner != who.name:
+            ask = f"ask {owner!r} or an admin" if is_user_name(owner) else "its user was removed: ask an admin"
             return (f"forbidden by rule {rule!r}: member {who.name!r} may change only their own jobs, and job "
-                    f"{job_id} is {owner!r}'s: ask {owner!r} or an admin")  # fmt: skip
+                    f"{job_id} is {owner!r}'s: {ask}")  # fmt: skip
         return None
     if who.role == "scraper":
         return f"forbidden by rule {rule!r}: the scrape token may only read /metrics"

@@ -12,8 +12,9 @@ their directory, for the dashboard's Experiments pages and for notebooks:
     POST /experiments/import                    an experiment read from its directory (`trainforge experiments import`)
     POST /jobs/{id}/decisions                   the tuner's decision on the trial a job runs (Tune sends it)
 
-Errors: 404 an unknown experiment or job; 409 a decision about a job that is no trial here, or an
-import over an experiment whose trials ran here; 503 importance without Optuna on the server.
+Errors: 404 an unknown experiment or job; 409 a decision about a job that is no trial here, an
+import over an experiment whose trials ran here, or over another user's import (only its owner or an
+admin may import a directory again); 503 importance without Optuna on the server.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from trainforge.server._experiment_schemas import (
     TrialListOut,
     TrialState,
 )
-from trainforge.server._experiments import ExperimentNotFound, Experiments, NotATrial
+from trainforge.server._experiments import ExperimentNotFound, ExperimentOwned, Experiments, NotATrial
 from trainforge.server._importance import OptunaMissing
+from trainforge.server._routes.access import Caller
 from trainforge.server._routes.common import (
     SSE,
     Api,
@@ -73,7 +75,7 @@ def _answer(fn: Callable[[], _T]) -> _T:
         return fn()
     except ExperimentNotFound as exc:
         raise HTTPException(404, str(exc)) from None
-    except NotATrial as exc:
+    except (NotATrial, ExperimentOwned) as exc:
         raise HTTPException(409, str(exc)) from None
     except OptunaMissing as exc:
         raise HTTPException(503, str(exc)) from None
@@ -173,11 +175,13 @@ def stream(
 
 
 @router.post("/experiments/import", response_model=ExperimentOut, status_code=201,
-             responses={409: {"description": "its trials ran as this server's jobs: it is here already"}})  # fmt: skip
-def import_experiment(ex: ExperimentsDep, body: ExperimentImportIn) -> ExperimentOut:
+             responses={409: {"description": "its trials ran as this server's jobs (it is here already), or "
+                                             "another user imported it"}})  # fmt: skip
+def import_experiment(ex: ExperimentsDep, caller: Caller, body: ExperimentImportIn) -> ExperimentOut:
     """An experiment as its directory holds it (``trainforge experiments import PATH`` reads and sends
-    it); importing the same directory again replaces it."""
-    return _answer(lambda: views.get_experiment(ex, ex.import_experiment(body), sync=False))
+    it), owned by who imports it; importing the same directory again replaces it, for its owner or an
+    admin (another member's import is a 409 naming the owner)."""
+    return _answer(lambda: views.get_experiment(ex, ex.import_experiment(body, caller), sync=False))
 
 
 @router.post("/jobs/{job_id}/decisions", response_model=DecisionOut, status_code=201,

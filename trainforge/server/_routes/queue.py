@@ -22,7 +22,7 @@ def health(service: Service) -> HealthOut:
     counts = {s.value: service.store.count([s]) for s in (*WAITING_STATES, *ACTIVE_STATES)}
     return HealthOut(status="ok", version=trainforge.__version__, pid=os.getpid(),
                      uptime_s=time.time() - service.started_at, jobs=counts,
-                     warm_pool=service.warm_pool)  # fmt: skip
+                     warm_pool=service.processes.warm_pool)  # fmt: skip
 
 
 @router.get("/queue", response_model=QueueListOut)

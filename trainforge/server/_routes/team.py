@@ -9,7 +9,6 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
-from fastapi.responses import Response
 
 from trainforge.server._routes.access import Caller
 from trainforge.server._routes.common import Service
@@ -20,6 +19,7 @@ from trainforge.server._schemas import (
     UserOut,
     UserPatchIn,
     UserPath,
+    UserRemovedOut,
     UserTokenOut,
     WhoamiOut,
     invalid,
@@ -90,15 +90,16 @@ def rotate_token(service: Service, name: UserPath) -> UserTokenOut:
     return UserTokenOut(user=_out(user), token=token)
 
 
-@router.delete("/users/{name}", status_code=204, responses=NO_USER)
-def remove_user(service: Service, name: UserPath) -> Response:
-    """Remove the user: their token stops working at once; their jobs stay theirs."""
+@router.delete("/users/{name}", response_model=UserRemovedOut, responses=NO_USER)
+def remove_user(service: Service, name: UserPath) -> UserRemovedOut:
+    """Remove the user: their token stops working at once. Their jobs (and fair-share usage) stay,
+    under a name no user can have (``jobs_owner``): a user added later under this name does not
+    inherit them; only admins may change them."""
     try:
-        service.users.remove(name)
+        owner, jobs = service.remove_user(name)
     except LookupError as exc:
         raise HTTPException(404, str(exc)) from None
-    service.reschedule()  # quotas or shares changed: a waiting job may start now, or come sooner
-    return Response(status_code=204)
+    return UserRemovedOut(name=name, jobs_owner=owner, jobs=jobs)
 
 
 @router.get("/audit", response_model=list[AuditOut])
