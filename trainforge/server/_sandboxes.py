@@ -196,7 +196,7 @@ def python_paths() -> list[str]:
     cwd = os.getcwd()
     paths.update(p for p in sys.path[1:] if p and p != cwd)
     paths.update(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
-    for name, module in list(sys.modules.items()):  # setuptools' editable finders: {package: its directory}
+    for name, module in dict(sys.modules).items():  # (a copy in one step: other threads import) setuptools' editable finders: {package: its directory}
         mapping = getattr(module, "MAPPING", None) if name.startswith("__editable__") else None
         if isinstance(mapping, dict):
             paths.update(os.path.dirname(str(p)) for p in mapping.values())
