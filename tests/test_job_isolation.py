@@ -194,3 +194,33 @@ def test_a_jobs_credential_is_its_owners_as_a_member_and_ends_with_the_job(team)
         Client(team.server.url, token=seen["token"]).request("GET", "/whoami")
     audit = team.server.client().request("GET", "/audit", params={"user": "bob"})
     assert any("job " + str(job.id) in (e.get("detail") or "") for e in audit), audit
+
+
+def test_a_server_with_users_and_no_sandbox_refuses_to_run_unless_told_they_trust_each_other(tmp_path):
+    """No way to sandbox here (bubblewrap asked for, and not on its PATH): a server with a member
+    does not start, and one without refuses to add a member, saying what to do; with
+    --no-job-isolation both go on, and say so."""
+    state = str(tmp_path / "server")
+    no_bwrap = {"PATH": str(tmp_path / "empty")}  # the server's python is named by its absolute path
+    alone = TrainServer(state, extra=["--job-isolation", "userns"], env=no_bwrap).start()
+    try:
+        assert alone.url is not None, alone.output  # a single-user server needs no sandbox
+        http = alone.http()
+        r = http.post("/users", json={"name": "ann", "role": "member"})
+        assert r.status_code == 409 and "--no-job-isolation" in r.json()["detail"], r.text
+        assert "bubblewrap" in r.json()["detail"], r.text
+        assert http.post("/users", json={"name": "root2", "role": "admin"}).status_code == 201  # admins are trusted
+    finally:
+        assert not alone.cleanup()
+    _cli("server", "users", "add", "ann", "--role", "member", "--state-dir", state)
+    refused = TrainServer(state, extra=["--job-isolation", "userns"], env=no_bwrap).start()
+    try:
+        assert refused.url is None and refused.proc is not None and refused.proc.wait(30) != 0
+        assert "no way to keep their jobs apart" in refused.output and "--no-job-isolation" in refused.output
+    finally:
+        refused.cleanup()
+    trusted = TrainServer(state, extra=["--no-job-isolation"]).start(require_url=True)
+    try:
+        assert "job isolation: off (--no-job-isolation)" in trusted.output
+    finally:
+        assert not trusted.cleanup()
