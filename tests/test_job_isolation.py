@@ -28,13 +28,14 @@ import pytest
 pytest.importorskip("fastapi")
 
 from trainforge import DataParallelTrainer, RunConfig, ScalingConfig  # noqa: E402
-from trainforge._internal.sandbox import bwrap_problem, in_process_problem  # noqa: E402
+from trainforge._internal.sandbox import Hierarchies, bwrap_problem, in_process_problem  # noqa: E402
 from trainforge._testing.server import TrainServer  # noqa: E402
 from trainforge._testing.wait import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).parent / "scripts" / "hostile_job.py"
 PIDS_MAX = 64
+HOST = Hierarchies.discover()  # the cgroup hierarchies a server here would use
 
 
 @dataclasses.dataclass
@@ -140,6 +141,7 @@ def test_a_members_job_reaches_neither_the_servers_files_nor_another_users_job(t
         team.client("bob").job(anns.id).result(timeout=30)
 
 
+@pytest.mark.skipif(HOST.track is None, reason="no cgroup hierarchy to track a job's processes in")
 def test_setsid_and_a_double_fork_do_not_escape_stop_and_leave_no_zombie(team, tmp_path):
     gate = str(tmp_path / "gate-never")
     job = team.attack("bob", "escape", gate)
@@ -167,6 +169,7 @@ def test_setsid_and_a_double_fork_do_not_escape_stop_and_leave_no_zombie(team, t
     assert not zombies, zombies
 
 
+@pytest.mark.skipif(HOST.pids is None, reason=f"no pids controller here: {HOST.describe()}")
 def test_a_fork_bomb_ends_at_the_jobs_pids_limit(team):
     job = team.attack("bob", "forkbomb")
     assert job.wait(120).state == "SUCCEEDED"
@@ -175,6 +178,7 @@ def test_a_fork_bomb_ends_at_the_jobs_pids_limit(team):
     assert team.client("ann").request("GET", "/whoami")["name"] == "ann"  # the server serves on
 
 
+@pytest.mark.skipif(HOST.memory is None, reason=f"no memory controller here: {HOST.describe()}")
 def test_memory_past_the_jobs_request_is_the_jobs_problem_alone(team):
     job = team.attack("bob", "hog", "2048", per_worker={"CPU": 1.0, "memory": 256 * 2**20})
     status = job.wait(120)
