@@ -252,3 +252,20 @@ def test_a_process_that_enters_a_plan_sees_only_its_view_as_another_uid(tmp_path
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen == {"uid": uid, "secret": False, "mine": True, "env": "yes", "procs": 1, "no_new_privs": "1"}
+
+
+@pytest.mark.skipif(not ROOT, reason="giving a directory to another uid needs root")
+def test_what_the_server_writes_in_a_sandboxed_jobs_directory_is_the_jobs_to_read(tmp_path):
+    """An elastic job's grant is rewritten while it runs: the new file is its uid's too."""
+    from trainforge.server._job_files import JobFiles
+    from trainforge.server._scheduler import JobRequest
+
+    files = JobFiles(str(tmp_path / "jobs"))
+    os.makedirs(files.dir(4))
+    os.chown(files.dir(4), 1879048192 + 5, 1879048192 + 5)
+    files.write_grant(4, JobRequest.from_spec({"per_worker": {"CPU": 1.0}, "min_workers": 1, "max_workers": 3}, 4), 2)
+    st = os.stat(os.path.join(files.dir(4), "grant.json"))
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (1879048192 + 5, 0o600)
+    os.makedirs(files.dir(5))  # the server's own (an unsandboxed job's): stays the server's
+    files.write_grant(5, JobRequest.from_spec({"per_worker": {"CPU": 1.0}}, 5), 1)
+    assert os.stat(os.path.join(files.dir(5), "grant.json")).st_uid == os.geteuid()

@@ -97,7 +97,7 @@ class JobFiles:
 
     def write_spec(self, job: JobRow) -> None:
         if os.path.isdir(self.dir(job.id)):  # else the job fails at its start, naming what is missing
-            write_atomic(os.path.join(self.dir(job.id), SPEC_FILE), json.dumps(job.spec))
+            self._write(job.id, SPEC_FILE, json.dumps(job.spec))
 
     def remove(self, job_id: int) -> None:
         shutil.rmtree(self.dir(job_id), ignore_errors=True)
@@ -107,7 +107,15 @@ class JobFiles:
         """The job's grant file: what its workers may use (the driver's share is not theirs), re-read
         by the core at every sizing decision, so an elastic job sizes itself to its grant."""
         share = {k: workers * v for k, v in request.per_worker.items()}
-        write_atomic(os.path.join(self.dir(job_id), GRANT_FILE), json.dumps(share))
+        self._write(job_id, GRANT_FILE, json.dumps(share))
+
+    def _write(self, job_id: int, name: str, data: str) -> None:
+        """A file of the server's in the job's directory, atomically; the directory's owner's, when
+        that is not the server (a sandboxed job reads its grant and spec as its own uid)."""
+        directory = self.dir(job_id)
+        st = os.stat(directory)
+        owner = (st.st_uid, st.st_gid) if st.st_uid != os.geteuid() else None
+        write_atomic(os.path.join(directory, name), data, owner=owner)
 
     def clear_outcome(self, job_id: int) -> None:
         """Remove a previous run's outcome and result (before the job starts again)."""
