@@ -332,6 +332,8 @@ def test_stateful_sequences_follow_the_schema(tmp_path):
         def setup(self):
             super().setup()
             self.api = Api(str(tmp_path / f"scenario{next(scenarios)}"), {"CPU": 2.0})
+            for i in range(3):  # jobs 1-3 exist from the start: small ids drawn for a path hit one
+                self.api.submit(name=f"seed{i}", hold=i == 0, per_worker={"CPU": 1.0})
 
         def teardown(self):
             self.api.close()
@@ -352,11 +354,11 @@ def test_stateful_sequences_follow_the_schema(tmp_path):
             self.api.submit(hold=hold, per_worker={"CPU": cpus}, priority=priority)
             calls.append(("POST", f"{P}/jobs", 201))
 
-    # derandomize: the walk is a function of the schema; any schema change reshuffles it (150 examples,
-    # not 100, since issue 34's fields: with 100 the walk reached one linked call).
+    # derandomize: the walk is a function of the schema (and of the jobs' states as they change): jobs
+    # 1-3 exist in every scenario, so the walk meets existing jobs whatever the draw.
     Workflow.run(
         settings=settings(
-            max_examples=150, stateful_step_count=8, deadline=None, derandomize=True, database=None,
+            max_examples=100, stateful_step_count=8, deadline=None, derandomize=True, database=None,
             suppress_health_check=list(HealthCheck),
         )
     )  # fmt: skip
