@@ -171,6 +171,18 @@ def _run_execute(channel: _Channel, call_id: int, blob: bytes) -> None:
         channel.send(("result", call_id, False, _format_exception(exc)))
 
 
+def _raised_by_ray(exc: BaseException) -> bool:
+    """A SystemExit Ray raised in this (actor) process to end it, as it does when the node's raylet
+    dies: the train loop did not fail, the worker is being taken away."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "raise_sys_exit_with_custom_error_message" or code.co_filename.endswith("_raylet.pyx"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _run_training(channel: _Channel, blob: bytes) -> bool:
     """Run the train loop; return True on success."""
     from trainforge._internal.train_fn import run_train_payload
@@ -181,6 +193,8 @@ def _run_training(channel: _Channel, blob: bytes) -> bool:
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             channel.send(("done", -1))
             return True
+        if isinstance(exc, SystemExit) and _raised_by_ray(exc):
+            raise  # Ray tears this worker down (its node's raylet is gone): its verdict, not ours, says why
         channel.send(("error",) + _format_exception(exc))
         return False
     channel.send(("done", count))
