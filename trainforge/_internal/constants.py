@@ -44,6 +44,8 @@ ENV_JOB_ID = "TRAINFORGE_JOB_ID"
 ENV_JOB_EVENTS = "TRAINFORGE_JOB_EVENTS"
 ENV_SERVER_ID = "TRAINFORGE_SERVER_ID"  # with ENV_JOB_ID, marks every process of a train-server job
 ENV_JOB_ATTEMPT = "TRAINFORGE_JOB_ATTEMPT"  # the job's attempt on the server (1 for its first runner)
+# A sandboxed job's runner started fresh: its sandbox plan (JSON), entered first (_internal/sandbox).
+ENV_SANDBOX_PLAN = "TRAINFORGE_SANDBOX_PLAN"
 # Fault injection: the train server exits at once (os._exit) when it reaches the named crash point
 # (trainforge/server/_crash.py lists them); only the crash-point tests set it.
 ENV_CRASH_AT = "TRAINFORGE_CRASH_AT"

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from trainforge.server._config import default_state_dir, parse_resources
-from trainforge.server._isolation import MODES, PIDS_MAX, UID_BASE, IsolationConfig
+from trainforge.server._isolation_config import MODES, PIDS_MAX, UID_BASE, IsolationConfig
 from trainforge.server._team_policy import TeamPolicy, parse_duration
 
 

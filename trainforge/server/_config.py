@@ -9,7 +9,7 @@ from pathlib import Path
 
 from trainforge._internal.http import DEFAULT_MAX_BODY, is_loopback, size_text
 from trainforge._internal.key_values import parse_amount
-from trainforge.server._isolation import IsolationConfig
+from trainforge.server._isolation_config import IsolationConfig
 from trainforge.server._team_policy import TeamPolicy
 
 DEFAULT_PORT = 8270  # not Ray's 6379 / 8265 (dashboard) / 8266 / 10001 (client)

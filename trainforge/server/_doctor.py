@@ -18,7 +18,8 @@ import time
 
 from trainforge._internal import sandbox
 from trainforge._internal.sandbox import Bind, Plan
-from trainforge.server._isolation import Isolation, IsolationConfig
+from trainforge.server._isolation import Isolation
+from trainforge.server._isolation_config import IsolationConfig
 from trainforge.server._sandboxes import SYSTEM_DIRS, python_paths, server_start_env
 
 _PROBE = """

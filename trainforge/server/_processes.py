@@ -49,7 +49,7 @@ WARM_MODULES_FILE = "warm_modules"  # what earlier jobs' workers imported: the n
 WARM_PRELOAD = (
     "trainforge", RUNNER_MODULE, "trainforge._internal.worker_group.worker_main", "trainforge._internal.train_fn",
     "trainforge._internal.worker_group.local", "trainforge._internal.job_events", "trainforge._internal.datasets",
-    "cloudpickle", "multiprocessing.connection",
+    "cloudpickle", "multiprocessing.connection", "trainforge._internal.sandbox",
 )  # fmt: skip
 
 

@@ -25,6 +25,7 @@ import sys
 import traceback
 from typing import Any
 
+from trainforge._internal.constants import ENV_SANDBOX_PLAN
 from trainforge._internal.state_files import write_atomic
 
 SPEC_FILE = "spec.json"
@@ -156,8 +157,10 @@ def _prepare(job_dir: str, job_id: str | None) -> dict[str, Any]:
 
 def _confine(job_dir: str) -> dict[str, Any] | None:
     """A runner started fresh with a sandbox plan enters it first, before anything of the job is
-    read (:mod:`trainforge._internal.sandbox`), then works in the job's directory; one started
-    without joins the job's cgroup, if it has one. The outcome to end with if that fails, else None."""
+    read (:mod:`trainforge._internal.sandbox`), then works in the job's directory. The outcome to
+    end with if that fails, else None."""
+    if not os.environ.get(ENV_SANDBOX_PLAN):
+        return None  # not sandboxed (nothing to import)
     from trainforge._internal.sandbox import enter_from_environment
 
     try:

@@ -35,7 +35,8 @@ from trainforge.server._crash import crash_point
 from trainforge.server._elastic import Elastic
 from trainforge.server._gpus import GpuOwners
 from trainforge.server._idempotency import ConflictError, NotFoundError, resubmitted, submission_digest
-from trainforge.server._isolation import Isolation, IsolationConfig
+from trainforge.server._isolation import Isolation
+from trainforge.server._isolation_config import IsolationConfig
 from trainforge.server._job_files import JobFiles
 from trainforge.server._job_tokens import JobTokens
 from trainforge.server._launch import Launcher, LaunchError

@@ -17,7 +17,6 @@ from trainforge._internal.sandbox.bwrap import available as bwrap_available
 from trainforge._internal.sandbox.bwrap import command as bwrap_command
 from trainforge._internal.sandbox.cgroups import Hierarchies, JobCgroup
 from trainforge._internal.sandbox.enter import (
-    ENV_JOB_CGROUPS,
     ENV_PLAN,
     enter,
     enter_from_environment,
@@ -27,7 +26,6 @@ from trainforge._internal.sandbox.plan import Bind, Plan
 from trainforge._internal.sandbox.probe import bwrap_problem, in_process_problem
 
 __all__ = [
-    "ENV_JOB_CGROUPS",
     "ENV_PLAN",
     "Bind",
     "Hierarchies",

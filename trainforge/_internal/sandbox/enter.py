@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import os
 
+from trainforge._internal import constants
 from trainforge._internal.sandbox import linux, view
 from trainforge._internal.sandbox.plan import Plan
 
-ENV_PLAN = "TRAINFORGE_SANDBOX_PLAN"  # a fresh runner's plan (JSON), removed from its environment once read
-ENV_JOB_CGROUPS = "TRAINFORGE_JOB_CGROUPS"  # an unsandboxed job's cgroups (os.pathsep-separated): joined at start
+ENV_PLAN = constants.ENV_SANDBOX_PLAN  # a fresh runner's plan (JSON), removed from its environment once read
 
 
 def join_cgroups(directories: tuple[str, ...], pid: int = 0) -> None:
@@ -49,12 +49,9 @@ def enter(plan: Plan) -> None:
 def enter_from_environment() -> bool:
     """In a job's first process, started fresh: with ``$TRAINFORGE_SANDBOX_PLAN``, enter that plan
     (a plan without a uid: the process is in bubblewrap's sandbox already) and take its ``env``
-    as the environment; else join ``$TRAINFORGE_JOB_CGROUPS``, if set. True if it entered a plan."""
+    as the environment. True if it entered a plan."""
     text = os.environ.pop(ENV_PLAN, None)
     if not text:
-        groups = os.environ.get(ENV_JOB_CGROUPS)
-        if groups:
-            join_cgroups(tuple(groups.split(os.pathsep)))
         return False
     plan = Plan.from_json(text)
     if plan.uid is not None:

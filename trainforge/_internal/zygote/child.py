@@ -19,7 +19,6 @@ import socket
 import sys
 import threading
 
-from trainforge._internal.sandbox.enter import ENV_JOB_CGROUPS
 from trainforge._internal.zygote.mark import MARK_VAR, write_mark
 from trainforge._internal.zygote.protocol import CHANNEL_PREFIX, ENV_ZYGOTE, SpawnRequest
 
@@ -83,16 +82,12 @@ def become(
         os.dup2(fd, target, inheritable=target <= 2 or target in request.fds)
         os.close(fd)
     _reopen_std_streams(request.env.get("PYTHONUNBUFFERED", "") not in ("", "0"))
-    # Its cgroups, view and identity, before its environment, directory or code are used (after its
-    # fds: a failure is said in its own output).
+    # A sandboxed job's: its cgroups, view and identity, before its environment, directory or code
+    # are used (after its fds: a failure is said in its own output).
     if request.sandbox:
         from trainforge._internal.sandbox import Plan, enter
 
         enter(Plan.from_json(request.sandbox))
-    elif request.env.get(ENV_JOB_CGROUPS):  # an unsandboxed job's process (the server's own requests)
-        from trainforge._internal.sandbox import join_cgroups
-
-        join_cgroups(tuple(request.env[ENV_JOB_CGROUPS].split(os.pathsep)))
     assert mark is not None
     pairs = [(k, request.env[k]) for k in request.mark if k in request.env]
     if pairs and not write_mark(mark, pairs):
