@@ -218,17 +218,22 @@ each `report()`, so it was run for 10 steps. On Ray, throughput is ~14% below lo
 processes share the 2 cores, and Ray actors send reports over their socket (the shared-memory ring is
 for local worker processes); recovery on Ray starts new actors (no standby workers).
 """),
-    "server": Note("cf1d4d1-dirty", """
-Run with `--ray-pythonpath /tmp/tf-raydash-deps` (2 workers, CPU; Ray Jobs on a `ray start --head`
-instance the benchmark starts; see `bench/README.md`) on a machine shared with other work (62% busy on
-average). Of the warm 0.062 s, 0.030 s is `submit()` in a fresh driver process (pickling, one POST; the
-client uses only the standard library), 0.008 s until the runner exists (forked), 0.003 s its start and
-0.019 s from the run's start, with forked workers, to rank 0's first step. With fresh processes the
-runner's and the workers' interpreters and imports take the rest, as in `fit()`. With 10,000 queued
-jobs the server keeps them in start order as they come and go (`decide()` on a plain list, sorted and
-grouped at each call, takes 4.1 ms) and works out only the reasons someone reads: a submission's reply
-its own, a `GET /queue` page its page's (all 10,005 in 11 pages: 171 ms; every reason at once, as
-`/metrics` counts them, 38 ms).
+    "server": Note("507a428", """
+Run with `--ray-pythonpath /tmp/tf-raydash-deps --parts submit,sandbox,handoff,burst,decide,restart` (2
+workers, CPU; Ray Jobs on a `ray start --head` instance the benchmark starts; see `bench/README.md`) on a
+machine shared with other work (43% busy on average). Of the warm 0.083 s, 0.054 s is `submit()` in a
+fresh driver process (its imports, pickling, one POST; the client uses only the standard library), 0.007
+s until the runner exists (forked), 0.008 s its start and 0.013 s from the run's start, with forked
+workers, to rank 0's first step. With fresh processes the runner's and the workers' interpreters and
+imports take the rest, as in `fit()`. The sandboxed rows are a member's job on a server with users
+(issue 34: its own uid, a mount namespace, a cgroup) beside the admin's on one without, interleaved, 3
+each: at this size the spread between repeats (fresh: 0.43-0.53 s sandboxed, 0.42-0.44 s not) is
+wider than the sandbox, whose own work measured in the process is 14 ms (median of 20, `enter()`: the
+cgroup join waits for one RCU grace period, ~8 ms; the mount namespace and the uid ~5 ms). With 10,000
+queued jobs the server keeps them in start order as they come and go (`decide()` on a plain list,
+sorted and grouped at each call, takes 3.7 ms) and works out only the reasons someone reads: a
+submission's reply its own, a `GET /queue` page its page's (all 10,005 in 11 pages: 194 ms; every
+reason at once, as `/metrics` counts them, 39 ms).
 """),
     "server_load": Note("c97b384-dirty", """
 The train server reads SQLite through a small pool of connections, however many clients; the rows
