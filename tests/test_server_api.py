@@ -358,7 +358,7 @@ def test_stateful_sequences_follow_the_schema(tmp_path):
     # 1-3 exist in every scenario, so the walk meets existing jobs whatever the draw.
     Workflow.run(
         settings=settings(
-            max_examples=100, stateful_step_count=8, deadline=None, derandomize=True, database=None,
+            max_examples=60, stateful_step_count=8, deadline=None, derandomize=True, database=None,
             suppress_health_check=list(HealthCheck),
         )
     )  # fmt: skip
