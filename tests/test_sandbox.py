@@ -268,3 +268,33 @@ def test_what_the_server_writes_in_a_sandboxed_jobs_directory_is_the_jobs_to_rea
     os.makedirs(files.dir(5))  # the server's own (an unsandboxed job's): stays the server's
     files.write_grant(5, JobRequest.from_spec({"per_worker": {"CPU": 1.0}}, 5), 1)
     assert os.stat(os.path.join(files.dir(5), "grant.json")).st_uid == os.geteuid()
+
+
+@pytest.mark.skipif(not ROOT or not Hierarchies.discover().usable, reason="making cgroups needs root and a cgroup fs")
+def test_a_restarted_server_removes_the_cgroups_its_ended_jobs_left(tmp_path):
+    """A server that stopped while a sandboxed job ran leaves its cgroup when the job then ends
+    without it; the next start removes every cgroup of a job that no longer runs (what is left in
+    one is killed first) and keeps a running job's."""
+    from trainforge.server._isolation import Isolation
+    from trainforge.server._isolation_config import IsolationConfig
+    from trainforge.server._sandboxes import JobSandboxes
+    from trainforge.server._store import JobStore
+    from trainforge.server._users import UserBook
+
+    store = JobStore(str(tmp_path / "state.db"))
+    running, _ = store.add_job(name="running", kind="script", spec={"path": "/x.py"})
+    store.update(running.id, None, None, state="RUNNING")
+    isolation = Isolation("uid", "test", IsolationConfig(), Hierarchies.discover())
+    sandboxes = JobSandboxes(str(tmp_path), isolation, UserBook(store), server_id=f"t{os.getpid()}")
+    left, alive = sandboxes.cgroup(99), sandboxes.cgroup(running.id)
+    assert left is not None and alive is not None
+    left.create()
+    alive.create()
+    try:
+        assert sandboxes.sweep_cgroups() == 1
+        assert not left.exists() and alive.exists()
+    finally:
+        alive.kill()
+        alive.remove()
+        left.remove()
+        store.close()

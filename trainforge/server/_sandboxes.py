@@ -44,6 +44,7 @@ from trainforge.server._runner import (
     SPEC_FILE,
     TRAINER_FILE,
 )
+from trainforge.server._state import ACTIVE_STATES
 from trainforge.server._store import JobRow
 from trainforge.server._users import UserBook
 
@@ -99,6 +100,20 @@ class JobSandboxes:
         """The job's cgroup (whether or not it exists yet), or None without cgroups."""
         host = self.isolation.cgroups
         return host.group(f"trainforge-{self.server_id}/job-{job_id}") if host is not None else None
+
+    def sweep_cgroups(self) -> int:
+        """At start: remove the cgroups of this server's jobs that are not running (a server that
+        stopped while they ran, whose jobs then ended without it, left them), killing what is left
+        in them. Returns how many."""
+        running = {job.id for job in self.users.store.jobs(ACTIVE_STATES)}
+        host = self.isolation.cgroups
+        names = host.children(f"trainforge-{self.server_id}") if host is not None else []
+        stale = [int(n[4:]) for n in names if n.startswith("job-") and n[4:].isdigit() and int(n[4:]) not in running]
+        for job_id in stale:
+            group = self.cgroup(job_id)
+            if group is not None and group.kill(timeout=5):
+                group.remove()
+        return len(stale)
 
     # -- who ---------------------------------------------------------------------------------------
     def identity(self, owner: str) -> Identity:

@@ -115,7 +115,7 @@ class JobService:
         whose runner ended while the server was down (from their exit file) and mark vanished ones
         lost. Returns counts by outcome."""
         counts = {"queued": 0, "reattached": 0, "ended": 0, "lost": 0, "broken": 0,
-                  "swept": self.files.sweep(self.store.ids())}  # fmt: skip
+                  "swept": self.files.sweep(self.store.ids()) + self.sandboxes.sweep_cgroups()}  # fmt: skip
         stopping: list[tuple[int, bool]] = []
         with self._lock:
             for job in self.store.jobs(WAITING_STATES, newest_first=False):

@@ -105,6 +105,15 @@ class Hierarchies:
         """The cgroup ``relative`` below ours, in every hierarchy that plays a role."""
         return JobCgroup(self, relative)
 
+    def children(self, relative: str) -> list[str]:
+        """The names of the cgroups directly below ``relative`` (in the tracking hierarchy)."""
+        if self.track is None:
+            return []
+        try:
+            return sorted(e.name for e in os.scandir(self.track.directory(relative)) if e.is_dir())
+        except OSError:
+            return []
+
 
 class JobCgroup:
     """One job's cgroup: a directory in each hierarchy that plays a role (see the module docstring)."""
