@@ -217,7 +217,8 @@ class TrainServer(ServingProcess):
 
     def cleanup(self, *, kill: bool = False) -> list[str]:
         """Stop the server (SIGTERM; with ``kill``, SIGKILL) and kill what is left of its jobs and, 10 s
-        on, of its warm fork servers; returns those, described."""
+        on, of its warm fork servers; returns those, described. A sandboxed job's processes are found
+        in its cgroup too (one that dropped the job's environment is still there)."""
         if kill:
             self.kill9()
         else:
@@ -226,4 +227,23 @@ class TrainServer(ServingProcess):
         _gone, alive = psutil.wait_procs(self.zygotes(), timeout=10)
         left = [describe(p, 200) for p in alive]
         kill_procs(alive)
-        return left + kill_procs(self.job_processes())
+        return left + kill_procs(self.job_processes() + self._cgroup_processes())
+
+    def _cgroup_processes(self) -> list[psutil.Process]:
+        """What is alive in the cgroups of this server's jobs (their cgroups are removed once empty)."""
+        from trainforge._internal.sandbox import Hierarchies
+
+        try:
+            sid = self.server_id
+        except OSError:
+            return []
+        host = Hierarchies.discover()
+        found = []
+        for name in host.children(f"trainforge-{sid}"):
+            group = host.group(f"trainforge-{sid}/{name}")
+            for pid in group.pids():
+                try:
+                    found.append(psutil.Process(pid))
+                except psutil.Error:
+                    continue
+        return found
