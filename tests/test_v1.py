@@ -313,8 +313,13 @@ def test_the_driver_reads_each_report_of_every_rank_and_stops_an_inconsistent_gr
 # -- real runs: one started Trainer, its workers up across tests ---------------------------------------
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
+    from trainforge._testing.procs import wait_settled
+
     t = Trainer("torch", num_workers=2, logdir=str(tmp_path_factory.mktemp("v1") / "logs"))
     t.start()
+    # Its standby workers start in the background: all of them before the first test's snapshot of
+    # this process's children, which would otherwise count a late one as that test's leftover.
+    wait_settled()
     yield t
     t.shutdown()
 

@@ -9,6 +9,7 @@ once they are nobody's children. Ending processes goes through ``trainforge._int
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterable
 
@@ -114,6 +115,25 @@ def ray_system_process(p: psutil.Process) -> bool:
 def child_pids() -> set[int]:
     """The pids of all descendants of this process."""
     return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def wait_settled(settle_s: float = 2.0, timeout: float = 60.0) -> set[int]:
+    """Wait until this process's descendants stay the same for ``settle_s`` seconds (a fixture whose
+    object starts processes in the background, such as standby workers, waits so before a test's
+    leftover check takes its snapshot); returns them. ``TimeoutError`` after ``timeout`` seconds."""
+    from trainforge._testing.wait import wait_until
+
+    pids, since = child_pids(), time.monotonic()
+
+    def settled() -> bool:
+        nonlocal pids, since
+        now = child_pids()
+        if now != pids:
+            pids, since = now, time.monotonic()
+        return time.monotonic() - since >= settle_s
+
+    wait_until(settled, timeout, f"the child processes to stay the same for {settle_s:g} s", interval=0.1)
+    return pids
 
 
 def trees(roots: Iterable[int]) -> set[int]:
