@@ -126,11 +126,14 @@ class Zygote:
                 conn.close()
 
     def _accept(self, listener: socket.socket) -> None:
+        """A request on the zygote's socket: the server's (its uid only), pickled, fds attached."""
         try:
             conn, _ = listener.accept()
         except OSError:
             return
         fds: list[int] = []
+        request: SpawnRequest | None = None
+        problem: Exception | None = None
         try:
             _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
             if uid != os.getuid():
@@ -142,29 +145,13 @@ class Zygote:
             size = PID.unpack(head)[0]
             if not 0 < size <= MAX_REQUEST:
                 raise ValueError(f"bad request size {size}")
-            request: SpawnRequest = pickle.loads(recv_exact(conn, size))
-            refused = startup_difference(request.env)
-            if refused is not None:
-                conn.sendall(PID.pack(0) + PID.pack(len(refused.encode())) + refused.encode())
-                conn.close()
-                return
-            pid = self._fork(request, fds, conn)
+            request = pickle.loads(recv_exact(conn, size))
         except Exception as exc:  # a broken client must not take the zygote down
-            print(f"trainforge zygote: bad request: {exc!r}", file=sys.stderr, flush=True)
-            with contextlib.suppress(OSError):
-                conn.sendall(PID.pack(-1))
-            conn.close()
-            return
-        finally:
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        conn.settimeout(None)
-        self.children[pid] = conn
-        conn.sendall(PID.pack(pid))
-        for module in request.preload:
-            if module not in sys.modules and module not in self.to_learn:
-                self.to_learn.append(module)
+            problem = exc
+        if self._serve(conn, fds, request, problem, "bad request") and request is not None:
+            for module in request.preload:  # learned from the server's requests only, never a job's
+                if module not in sys.modules and module not in self.to_learn:
+                    self.to_learn.append(module)
 
     def _accept_channel(self, channel: socket.socket) -> None:
         """One request on a sandboxed job's channel (JSON, the child's connection attached first):
@@ -177,32 +164,48 @@ class Zygote:
             self.channels.pop(channel, None)
             channel.close()
             return
-        conn = socket.socket(fileno=fds.pop(0)) if fds else None
+        if not fds:
+            print("trainforge zygote: a job channel's request with no connection attached", file=sys.stderr, flush=True)
+            return
+        conn = socket.socket(fileno=fds.pop(0))
+        request: SpawnRequest | None = None
+        problem: Exception | None = None
         try:
-            if conn is None:
-                raise ValueError("no connection attached")
             if flags & socket.MSG_TRUNC:
                 raise ValueError(f"a request over {MAX_CHANNEL_REQUEST} bytes")
             request = SpawnRequest.from_json(data, self.channels[channel])
+        except Exception as exc:  # a job's bad request: refused, the zygote goes on
+            problem = exc
+        self._serve(conn, fds, request, problem, "bad request on a job channel")
+
+    def _serve(self, conn: socket.socket, fds: list[int], request: SpawnRequest | None, problem: Exception | None,
+               what: str) -> bool:  # fmt: skip
+        """Answer one request on ``conn``: refused (a ``problem`` reading it, or an environment a fork
+        cannot have), or forked, the child then counted as ours. The attached ``fds`` are closed here
+        (the child has its copies). True if it forked."""
+        try:
+            if problem is not None or request is None:
+                raise problem or ValueError("no request")
             refused = startup_difference(request.env)
             if refused is not None:
                 conn.sendall(PID.pack(0) + PID.pack(len(refused.encode())) + refused.encode())
                 conn.close()
-                return
+                return False
             pid = self._fork(request, fds, conn)
-        except Exception as exc:  # a job's bad request: refused, the zygote goes on
-            print(f"trainforge zygote: bad request on a job channel: {exc!r}", file=sys.stderr, flush=True)
-            if conn is not None:
-                with contextlib.suppress(OSError):
-                    conn.sendall(PID.pack(-1))
-                conn.close()
-            return
+        except Exception as exc:  # a broken client must not take the zygote down
+            print(f"trainforge zygote: {what}: {exc!r}", file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError):
+                conn.sendall(PID.pack(-1))
+            conn.close()
+            return False
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+        conn.settimeout(None)
         self.children[pid] = conn
         conn.sendall(PID.pack(pid))
+        return True
 
     def _learn(self) -> None:
         learned = []
