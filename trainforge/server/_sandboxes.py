@@ -150,7 +150,7 @@ class JobSandboxes:
         binds = self._binds(job, job_dir, who)
         masks = (self.state_dir, *self.secret_files)
         plan = Plan(binds=tuple(binds), masks=masks, uid=who.uid, gid=who.gid, groups=who.groups,
-                    cgroups=group.directories if group is not None else (), root=self.root, home=who.home)  # fmt: skip
+                    cgroups=group.directories if group is not None else (), root=self.root)  # fmt: skip
         return plan, who
 
     def _binds(self, job: JobRow, job_dir: str, who: Identity) -> list[Bind]:

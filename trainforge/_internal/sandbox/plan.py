@@ -43,7 +43,7 @@ class Plan:
     """How one job's processes are confined (see the module docstring).
 
     ``root``: an empty directory, private to the server, on which the new root is built (the
-    in-process way; bubblewrap builds its own). ``home``: the job's ``$HOME`` (one of the binds).
+    in-process way; bubblewrap builds its own).
     """
 
     binds: tuple[Bind, ...] = ()
@@ -53,7 +53,6 @@ class Plan:
     groups: tuple[int, ...] = ()
     cgroups: tuple[str, ...] = ()
     root: str = ""
-    home: str = ""
     env: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
