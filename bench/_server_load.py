@@ -41,7 +41,7 @@ EVENTS_PATH = "/api/v1/events"
 def seed_jobs(state_dir: str, n: int, script: str) -> None:
     """``n`` jobs in the store of a server that is not running: every other one SUCCEEDED (with
     metrics), the others HELD (so that the server runs none of them)."""
-    from trainforge.server import _store as st
+    from trainforge.server.store import database as st
 
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
     store = st.JobStore(os.path.join(state_dir, "state.db"))

@@ -77,7 +77,7 @@ def seed_jobs(state_dir: str, n: int, script: str, reports: int) -> int:
     import math
     import random
 
-    from trainforge.server._store import JobStore
+    from trainforge.server.store.database import JobStore
 
     os.makedirs(state_dir, exist_ok=True)
     store = JobStore(os.path.join(state_dir, "state.db"))

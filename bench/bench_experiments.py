@@ -82,7 +82,7 @@ DataParallelTrainer(loop, train_loop_config={"steps": int(sys.argv[1]), "every":
 
 def seed(state_dir: str, trials: int, reports: int) -> list[int]:
     """``trials`` ended trial jobs of one experiment, each with its events file; their ids."""
-    from trainforge.server._store import JobStore
+    from trainforge.server.store.database import JobStore
 
     rng = random.Random(0)
     os.makedirs(state_dir, exist_ok=True)

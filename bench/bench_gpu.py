@@ -20,7 +20,7 @@ ends), trainforge / raw as a **speed ratio** (raw step time / trainforge step ti
 step** (wall time from just before the loop is set up, or ``fit()`` is called, to the end of the
 first optimizer step: trainforge's includes starting the worker process and its CUDA context); and
 the dashboard's **usage sampler** cost: one NVML reading of every GPU's processes
-(``trainforge.server._usage._Gpus.sample``, as the server takes every second), median of
+(``trainforge.server.jobs.usage._Gpus.sample``, as the server takes every second), median of
 ``--samples`` (200) calls while this process holds GPU memory.
 
 Prints a table (``--markdown`` for Markdown) and writes every number to ``bench/results/gpu.json``.
@@ -160,7 +160,7 @@ def sampler_cost(samples: int) -> dict[str, Any]:
     import torch
 
     try:
-        from trainforge.server._usage import _Gpus
+        from trainforge.server.jobs.usage import _Gpus
     except ImportError as exc:  # the server's dependencies (fastapi) are not installed
         return {"error": f"trainforge.server is not importable here ({exc}): pip install 'trainforge[server]'"}
     t = time.perf_counter()

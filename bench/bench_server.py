@@ -553,7 +553,7 @@ class RunnerExits:
                     continue
                 try:
                     env = p.environ()
-                    if env.get(SERVER_ID_ENV) != self.server_id or "trainforge.server._runner" not in p.cmdline():
+                    if env.get(SERVER_ID_ENV) != self.server_id or "trainforge.server.jobs.runner" not in p.cmdline():
                         continue
                     job_id = int(env["TRAINFORGE_JOB_ID"])
                     fd = os.pidfd_open(p.pid)
@@ -721,7 +721,7 @@ def _rate(n: int, wall: float, lat: list[float], errors: list[str]) -> dict:
 def make_queue(n: int, seed: int = 0) -> tuple[list[Any], list[dict[str, float]], dict[str, float]]:
     """A mixed queue: CPU jobs (some small enough to fit), GPU jobs, 10% elastic, 10% held, a few
     priorities, on a 64 CPU / 8 GPU / 256 GB capacity mostly granted (8 CPUs, 1 GPU, 96 GB free)."""
-    from trainforge.server._scheduler import JobRequest
+    from trainforge.server.scheduling.rule import JobRequest
 
     rng = random.Random(seed)
     capacity = {"CPU": 64.0, "GPU": 8.0, "memory": 256e9}
@@ -750,7 +750,7 @@ def make_queue(n: int, seed: int = 0) -> tuple[list[Any], list[dict[str, float]]
 
 def make_cpu_queue(n: int) -> tuple[list[Any], list[dict[str, float]], dict[str, float]]:
     """The server's queue of part 4: CPU-only jobs, half held, behind a job holding every CPU."""
-    from trainforge.server._scheduler import JobRequest
+    from trainforge.server.scheduling.rule import JobRequest
 
     queue = [JobRequest(job_id=i, seq=i, per_worker={"CPU": 1.0}, min_workers=1 + i % 2, held=i % 2 == 0)
              for i in range(1, n + 1)]  # fmt: skip
@@ -761,7 +761,7 @@ def _time_decide(queue: list[Any], running: list[dict[str, float]], capacity: di
     """decide() as the server calls it: on the WaitingQueue it keeps (in start order, grouped by the
     kinds its jobs ask for, updated as jobs come and go; built here off the clock). Also: on a plain
     list (sorted and grouped at each call), a page of reasons at the queue's end, and every reason."""
-    from trainforge.server._scheduler import WaitingQueue, decide
+    from trainforge.server.scheduling.rule import WaitingQueue, decide
 
     waiting = WaitingQueue(queue)
     decide(waiting, running, capacity)  # warm
@@ -807,8 +807,8 @@ def part_decide(args: argparse.Namespace, work: str, env: dict[str, str], server
         blocker = r.json()["id"]
         _wait_state(http, [blocker], {"RUNNING"}, 30)
     srv.stop(15, kill_after=True)
-    from trainforge.server._job_files import JobFiles
-    from trainforge.server._store import JobStore
+    from trainforge.server.jobs.files import JobFiles
+    from trainforge.server.store.database import JobStore
 
     t = time.perf_counter()
     store = JobStore(os.path.join(state, "state.db"))

@@ -62,8 +62,8 @@ SLEEP_SCRIPT = "import sys, time\ntime.sleep(float(sys.argv[1]) if len(sys.argv)
 # Part 1: fair share in simulated time, with the scheduler's decide() and the server's accounting.
 # --------------------------------------------------------------------------------------------------
 def simulate(fair_share: bool, steps: int, seed: int = 0) -> dict[str, Any]:
-    from trainforge.server._accounting import Accounting
-    from trainforge.server._scheduler import JobRequest, RunningJob, Team, decide
+    from trainforge.server.scheduling.accounting import Accounting
+    from trainforge.server.scheduling.rule import JobRequest, RunningJob, Team, decide
 
     rng = random.Random(seed)
     rates, shares = {"ann": 6, "bob": 2, "cat": 1}, {"ann": 1.0, "bob": 1.0, "cat": 2.0}
@@ -106,7 +106,7 @@ def team_decide_cost(n: int, calls: int) -> dict[str, Any]:
 
     from bench_server import make_queue
 
-    from trainforge.server._scheduler import RunningJob, Team, WaitingQueue, decide
+    from trainforge.server.scheduling.rule import RunningJob, Team, WaitingQueue, decide
 
     queue, running, capacity = make_queue(n)
     users = ("ann", "bob", "cat")
@@ -167,7 +167,7 @@ def bench_loop(config: dict) -> None:
 
 def _spec(work: str, name: str, **config: Any) -> dict[str, Any]:
     from trainforge import DataParallelTrainer, RunConfig, ScalingConfig
-    from trainforge.server._trainer_job import trainer_job
+    from trainforge._internal.trainer_job import trainer_job
 
     trainer = DataParallelTrainer(bench_loop, train_loop_config=config,
                                   scaling_config=ScalingConfig(num_workers=2, executor="local"),
@@ -219,7 +219,7 @@ def part_metrics(args: argparse.Namespace, work: str, env: dict[str, str], serve
     import httpx
     from bench_server import new_server
 
-    from trainforge.server._store import JobStore
+    from trainforge.server.store.database import JobStore
 
     state = os.path.join(work, "server-metrics")
     script = os.path.join(work, "sleep_job.py")

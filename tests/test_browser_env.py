@@ -13,7 +13,7 @@ import pytest
 import trainforge.server
 from trainforge._testing.browser import PageErrors, open_page
 
-UPLOT = Path(trainforge.server.__file__).parent / "static" / "vendor" / "uplot"
+UPLOT = Path(trainforge.server.__file__).parent / "pages" / "static" / "vendor" / "uplot"
 
 
 def data_url(html: str) -> str:

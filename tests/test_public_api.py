@@ -122,9 +122,9 @@ def test_the_server_client_uses_only_the_standard_library_for_http():
     code = (
         "import sys\n"
         "from trainforge.server import Client\n"
-        "from trainforge.server._client import _Http\n"
+        "from trainforge.client._client import _Http\n"
         "_Http('http://127.0.0.1:1/api/v1', {}, 1.0)\n"
-        "import trainforge.server._cli\n"
+        "import trainforge.server.cli.commands\n"
         "print('HEAVY=' + ','.join(m for m in ('httpx', 'httpcore', 'fastapi', 'uvicorn', 'pydantic') "
         "if m in sys.modules))\n"
     )

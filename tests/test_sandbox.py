@@ -166,9 +166,9 @@ def test_a_line_longer_than_the_bound_is_skipped_not_held(tmp_path, monkeypatch)
 
 # -- credentials -------------------------------------------------------------------------------------
 def test_a_jobs_credential_signs_in_as_its_owner_at_most_a_member_until_it_is_revoked(tmp_path):
-    from trainforge.server._job_tokens import JobTokens
-    from trainforge.server._store import JobStore
-    from trainforge.server._users import UserBook, authenticator
+    from trainforge.server.store.database import JobStore
+    from trainforge.server.team.job_tokens import JobTokens
+    from trainforge.server.team.users import UserBook, authenticator
 
     store = JobStore(str(tmp_path / "state.db"))
     users = UserBook(store)
@@ -195,7 +195,7 @@ def test_in_a_user_namespace_only_what_every_user_may_read_is_lent():
     import tempfile
     from pathlib import Path
 
-    from trainforge.server._sandboxes import _open_to_all
+    from trainforge.server.jobs.sandboxes import _open_to_all
 
     base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own temporary directories are searchable by root only
     try:
@@ -231,7 +231,7 @@ print(json.dumps({"uid": os.getuid(), "secret": can(sys.argv[1]), "mine": can(sy
 
 @pytest.mark.skipif(not ROOT, reason="entering a sandbox in-process needs root")
 def test_a_process_that_enters_a_plan_sees_only_its_view_as_another_uid(tmp_path):
-    from trainforge.server._sandboxes import SYSTEM_DIRS, python_paths, server_start_env
+    from trainforge.server.jobs.sandboxes import SYSTEM_DIRS, python_paths, server_start_env
 
     state = tmp_path / "state"
     job = state / "jobs" / "1"
@@ -257,8 +257,8 @@ def test_a_process_that_enters_a_plan_sees_only_its_view_as_another_uid(tmp_path
 @pytest.mark.skipif(not ROOT, reason="giving a directory to another uid needs root")
 def test_what_the_server_writes_in_a_sandboxed_jobs_directory_is_the_jobs_to_read(tmp_path):
     """An elastic job's grant is rewritten while it runs: the new file is its uid's too."""
-    from trainforge.server._job_files import JobFiles
-    from trainforge.server._scheduler import JobRequest
+    from trainforge.server.jobs.files import JobFiles
+    from trainforge.server.scheduling.rule import JobRequest
 
     files = JobFiles(str(tmp_path / "jobs"))
     os.makedirs(files.dir(4))
@@ -276,11 +276,11 @@ def test_a_restarted_server_removes_the_cgroups_its_ended_jobs_left(tmp_path):
     """A server that stopped while a sandboxed job ran leaves its cgroup when the job then ends
     without it; the next start removes every cgroup of a job that no longer runs (what is left in
     one is killed first) and keeps a running job's."""
-    from trainforge.server._isolation import Isolation
-    from trainforge.server._isolation_config import IsolationConfig
-    from trainforge.server._sandboxes import JobSandboxes
-    from trainforge.server._store import JobStore
-    from trainforge.server._users import UserBook
+    from trainforge.server.isolation.config import IsolationConfig
+    from trainforge.server.isolation.mechanism import Isolation
+    from trainforge.server.jobs.sandboxes import JobSandboxes
+    from trainforge.server.store.database import JobStore
+    from trainforge.server.team.users import UserBook
 
     store = JobStore(str(tmp_path / "state.db"))
     running, _ = store.add_job(name="running", kind="script", spec={"path": "/x.py"})

@@ -24,9 +24,9 @@ pytest.importorskip("fastapi")
 from test_server_api import HOST, TOKEN, Api  # noqa: E402
 
 from trainforge.server._app import make_app  # noqa: E402
-from trainforge.server._routes import access  # noqa: E402
-from trainforge.server._store import _MIGRATIONS, JobStore  # noqa: E402
-from trainforge.server._team_policy import TeamPolicy  # noqa: E402
+from trainforge.server.routes import access  # noqa: E402
+from trainforge.server.scheduling.team_policy import TeamPolicy  # noqa: E402
+from trainforge.server.store.database import _MIGRATIONS, JobStore  # noqa: E402
 
 P = "/api/v1"
 SCRAPE = "scrape-token-0123456789abcdef"
@@ -100,7 +100,7 @@ def test_every_state_changing_route_has_a_rule_of_its_own():
     admins may use it)."""
     assert CHANGES, "no state-changing route found"
     unlisted = [op for op in CHANGES if access.rule_for(*op) == access.UNLISTED]
-    assert not unlisted, f"routes without a rule in trainforge/server/_routes/access.py RULES: {unlisted}"
+    assert not unlisted, f"routes without a rule in trainforge/server/routes/access.py RULES: {unlisted}"
 
 
 def _fill(path: str, job_id: int) -> str:

@@ -42,12 +42,12 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     status_code_conformance,
 )
 
-from trainforge.server import _dashboard  # noqa: E402
+from trainforge.client._states import JobState  # noqa: E402
 from trainforge.server._app import cookie_name, make_app  # noqa: E402
 from trainforge.server._config import ServerConfig, parse_resources  # noqa: E402
-from trainforge.server._runner import EVENTS_FILE, OUTPUT_FILE  # noqa: E402
-from trainforge.server._service import JobService  # noqa: E402
-from trainforge.server._state import JobState  # noqa: E402
+from trainforge.server.jobs.runner import EVENTS_FILE, OUTPUT_FILE  # noqa: E402
+from trainforge.server.jobs.service import JobService  # noqa: E402
+from trainforge.server.pages import dashboard as _dashboard  # noqa: E402
 
 TOKEN = "test-token-0123456789abcdef"
 HOST = "127.0.0.1"

@@ -16,8 +16,8 @@ import pytest
 
 from trainforge import ScalingConfig
 from trainforge._internal.resources import MIN_CPU_PER_WORKER, charge, workers_that_fit
-from trainforge.server._scheduler import JobRequest
-from trainforge.server._service import request_of
+from trainforge.server.jobs.service import request_of
+from trainforge.server.scheduling.rule import JobRequest
 
 pytest.importorskip("fastapi")
 

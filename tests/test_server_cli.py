@@ -642,7 +642,7 @@ def test_second_detached_start_leaves_the_running_server_alone(tmp_path):
 
 
 def test_flat_config_keeps_scalars_under_slash_joined_keys():
-    from trainforge.server._trainer_job import flat_config
+    from trainforge._internal.trainer_job import flat_config
 
     nested = {"lr": 0.1, "model": {"depth": 3, "act": "relu", "sizes": [1, 2]}, "nan": float("nan"),
               "warm": True, "none": None, "obj": object(), "long": "x" * 2000}  # fmt: skip

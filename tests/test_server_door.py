@@ -27,8 +27,8 @@ from test_server_api import HOST, TOKEN, P, read_sse  # noqa: E402
 
 from trainforge.server._app import cookie_name, make_app  # noqa: E402
 from trainforge.server._models import Models  # noqa: E402
-from trainforge.server._routes import access  # noqa: E402
-from trainforge.server._runner import EVENTS_FILE, OUTPUT_FILE  # noqa: E402
+from trainforge.server.jobs.runner import EVENTS_FILE, OUTPUT_FILE  # noqa: E402
+from trainforge.server.routes import access  # noqa: E402
 
 JSON = {"Content-Type": "application/json"}
 

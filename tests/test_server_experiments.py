@@ -1,4 +1,4 @@
-"""The Experiments API in-process (``trainforge.server._experiments``): the runner-less server of
+"""The Experiments API in-process (``trainforge.server.experiments.book``): the runner-less server of
 test_server_api.py (``Api``: no job process starts; a "running" job runs until stopped), with trial jobs
 tagged as Tune tags them and their events files written here as a trial's run writes them.
 
@@ -20,9 +20,9 @@ pytest.importorskip("fastapi")
 
 from test_server_api import Api, P, read_sse  # noqa: E402
 
-from trainforge.server._experiments import trial_state  # noqa: E402
-from trainforge.server._runner import EVENTS_FILE  # noqa: E402
-from trainforge.server._state import JobState  # noqa: E402
+from trainforge.client._states import JobState  # noqa: E402
+from trainforge.server.experiments.book import trial_state  # noqa: E402
+from trainforge.server.jobs.runner import EVENTS_FILE  # noqa: E402
 
 SPACE = {"x": {"kind": "float", "low": 0.0, "high": 1.0}, "lr": {"kind": "float", "low": 1e-4, "high": 1e-1, "log": True}}
 TAG = {"path": "/runs/asha", "name": "asha", "metric": "loss", "mode": "min", "searcher": "BasicVariantGenerator",

@@ -238,7 +238,7 @@ def test_a_job_whose_cwd_does_not_exist_fails_as_a_user_error_naming_it_and_is_n
 def test_a_runner_that_cannot_start_the_job_still_writes_its_outcome(tmp_path, files, failure_class, words):
     """Whatever fails before the job's code runs ends in exit.json (else the server calls the job lost
     and runs it again, to fail the same way)."""
-    from trainforge.server._runner import main
+    from trainforge.server.jobs.runner import main
 
     for name, text in files.items():
         (tmp_path / name).write_text(text.replace("CWD_IS_A_FILE", str(tmp_path / "spec.json")))
@@ -549,8 +549,8 @@ def test_submit_starts_its_server_on_the_default_port_when_that_is_free(tmp_path
     import socket
 
     from trainforge.server import _submission
-    from trainforge.server._cli import add_commands
     from trainforge.server._config import DEFAULT_PORT, ServerConfig
+    from trainforge.server.cli.commands import add_commands
 
     monkeypatch.setenv("TRAINFORGE_SERVER_DIR", str(tmp_path / "nowhere"))  # no server there
     monkeypatch.delenv("TRAINFORGE_ADDRESS", raising=False)
@@ -610,7 +610,7 @@ def test_a_warm_server_forks_jobs_from_its_zygote_and_stop_still_finds_every_pro
     job = _trainer(tmp_path, "forked", _process_loop, gate=gate).submit()
     report = _first_report(job)
     procs = {p.pid: p for p in train_server.job_processes(job.id)}  # found by the marks in /proc/PID/environ
-    runner = [p for p in procs.values() if "trainforge.server._runner" in " ".join(p.cmdline())]
+    runner = [p for p in procs.values() if "trainforge.server.jobs.runner" in " ".join(p.cmdline())]
     assert len(runner) == 1 and runner[0].ppid() == pool["pid"]
     workers = [m["pid"] for m in report.all_metrics]
     assert set(workers) <= set(procs) and {m["ppid"] for m in report.all_metrics} == {pool["pid"]}

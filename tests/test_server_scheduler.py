@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainforge.server._scheduler import JobRequest, Pending, check_fits, decide, free_resources
+from trainforge.server.scheduling.rule import JobRequest, Pending, check_fits, decide, free_resources
 
 KINDS = ("CPU", "GPU", "memory")
 CAPACITY = {"CPU": 8.0, "GPU": 2.0, "memory": 16.0}
@@ -193,7 +193,7 @@ def test_bad_requests_name_the_field(kwargs, field):
 def test_stopping_the_scan_early_changes_nothing(queue, running_share, zero):
     """decide() stops walking the queue once nothing more can start and works out the remaining
     reasons lazily; the answer must be exactly that of walking the whole queue."""
-    from trainforge.server._scheduler import _order, _Scan
+    from trainforge.server.scheduling.rule import _order, _Scan
 
     if zero:  # a job asking for nothing can start even when everything is reserved
         queue = [*queue, JobRequest(job_id=999, seq=999, per_worker={}, min_workers=1)]
@@ -211,7 +211,7 @@ def test_stopping_the_scan_early_changes_nothing(queue, running_share, zero):
 def _churned(queue: list[JobRequest], rng: random.Random):
     """A WaitingQueue that saw ``queue``'s jobs come in shuffled, some of them changed (priority, hold)
     and put back, and extra jobs come and go: it must end up holding exactly ``queue``."""
-    from trainforge.server._scheduler import WaitingQueue
+    from trainforge.server.scheduling.rule import WaitingQueue
 
     waiting = WaitingQueue()
     jobs = list(queue)
@@ -248,7 +248,7 @@ def test_a_page_or_one_reason_is_that_of_the_whole_list(queue, running_share, ze
     each must be exactly what the whole list says."""
     if zero:
         queue = [*queue, JobRequest(job_id=999, seq=data.draw(st.integers(0, 30)), per_worker={}, min_workers=1)]
-    from trainforge.server._scheduler import _order, _Scan
+    from trainforge.server.scheduling.rule import _order, _Scan
 
     running = [{"CPU": 2.0 * running_share, "GPU": float(running_share % 3)}]
     full = _Scan(_order(queue), free_resources(CAPACITY, running))  # the whole queue walked, no lazy part

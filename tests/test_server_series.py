@@ -1,4 +1,4 @@
-"""Server-side downsampling of a job's metric series (trainforge/server/_series.py): pure properties
+"""Server-side downsampling of a job's metric series (trainforge/server/jobs/series.py): pure properties
 with hypothesis, and the per-job cache reading a growing events file."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainforge.server._series import SeriesCache, downsample
+from trainforge.server.jobs.series import SeriesCache, downsample
 
 values = st.lists(
     st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True, width=32)), min_size=0, max_size=300

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainforge.server._accounting import Accounting
-from trainforge.server._scheduler import (
+from trainforge.server.scheduling.accounting import Accounting
+from trainforge.server.scheduling.rule import (
     JobRequest,
     RunningJob,
     Team,
@@ -26,7 +26,7 @@ from trainforge.server._scheduler import (
     decide,
     free_resources,
 )
-from trainforge.server._sharing import dominant_share
+from trainforge.server.scheduling.sharing import dominant_share
 
 USERS = ("ann", "bob", "cat")
 KINDS = ("CPU", "GPU")

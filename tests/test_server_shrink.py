@@ -15,9 +15,9 @@ import pytest
 
 from trainforge._internal.controller import resize_reason
 from trainforge._internal.job_events import JobEventsCallback
-from trainforge.server import _processes
-from trainforge.server._runner import EVENTS_FILE, GRANT_FILE
-from trainforge.server._service import JobService
+from trainforge.server.jobs import processes as _processes
+from trainforge.server.jobs.runner import EVENTS_FILE, GRANT_FILE
+from trainforge.server.jobs.service import JobService
 
 
 class _FakeRunner:

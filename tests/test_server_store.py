@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from trainforge.server import _store as st
-from trainforge.server._state import JobEvent, JobState
+from trainforge.client._states import JobEvent, JobState
+from trainforge.server.store import database as st
 
 
 @pytest.fixture
@@ -250,10 +250,10 @@ def test_the_pages_take_the_event_types_from_the_server_and_the_scripts_copy_non
     import pathlib
     import re
 
-    from trainforge.server._state import states_json
+    from trainforge.client._states import states_json
 
     assert states_json()["events"] == [e.value for e in JobEvent]
-    static = pathlib.Path(st.__file__).parent / "static"
+    static = pathlib.Path(st.__file__).parent.parent / "pages" / "static"
     for script in ("dashboard.js", "experiments.js", "page.js"):
         text = (static / script).read_text()
         for call in re.findall(r"jobEvents\(([^)]*)\)", text):  # names the script picks: each one the server's

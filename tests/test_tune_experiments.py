@@ -34,7 +34,7 @@ def _asha_run(tmp_path, name="local-asha"):
 
 def test_the_decision_keys_are_the_servers_decision_fields():
     pytest.importorskip("fastapi")
-    from trainforge.server._experiment_schemas import DecisionIn
+    from trainforge.server.experiments.schemas import DecisionIn
 
     assert set(DECISION_KEYS) == set(DecisionIn.model_fields)
 
@@ -99,7 +99,7 @@ def test_a_local_experiment_records_why_each_trial_ended_and_reads_back_as_an_im
     assert [p[0] for p in trial["history"]["loss"]][:1] == [1]  # its run directory's reports, from the first
     fastapi = pytest.importorskip("fastapi")
     assert fastapi
-    from trainforge.server._experiment_schemas import ExperimentImportIn
+    from trainforge.server.experiments.schemas import ExperimentImportIn
 
     ExperimentImportIn.model_validate(body)  # what the server takes
 

@@ -34,7 +34,7 @@ def _fake_nvml() -> Any:
 
 
 def test_without_nvml_or_a_driver_the_reading_says_why(monkeypatch):
-    from trainforge.server._usage import _Gpus
+    from trainforge.server.jobs.usage import _Gpus
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
     gpus = _Gpus()
@@ -47,7 +47,7 @@ def test_without_nvml_or_a_driver_the_reading_says_why(monkeypatch):
 
 
 def test_a_device_that_fails_is_skipped_and_the_others_still_read(monkeypatch):
-    from trainforge.server._usage import _Gpus
+    from trainforge.server.jobs.usage import _Gpus
 
     fake = _fake_nvml()
     fake._gpu_pids = lambda: [10, 11]

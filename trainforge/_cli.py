@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     from trainforge.registry._cli import add_commands as models_commands
     from trainforge.registry._train_cli import add_commands as train_commands
     from trainforge.serve._cli import add_commands as serve_commands
-    from trainforge.server._cli import add_commands as server_commands
+    from trainforge.server.cli.commands import add_commands as server_commands
     from trainforge.tune._cli import add_commands as tune_commands
 
     parser = argparse.ArgumentParser(prog="trainforge", description="trainforge: data-parallel training, a train server")

@@ -1,4 +1,4 @@
-"""A stand-in for nvidia-ml-py's ``pynvml`` at the NVML boundary of ``trainforge.server._usage``, for
+"""A stand-in for nvidia-ml-py's ``pynvml`` at the NVML boundary of ``trainforge.server.jobs.usage``, for
 tests on machines without a GPU: put this directory first on the server's ``PYTHONPATH``.
 
 Two devices. A "GPU process" is any process whose environment names a trainforge job

@@ -30,7 +30,7 @@ def _first_report(job: Any, timeout: float = 180.0) -> Any:
 def test_nvml_reads_this_processes_gpu_memory():
     pytest.importorskip("pynvml")
     pytest.importorskip("fastapi", reason="the train server needs fastapi: carry the wheels (bash scripts/gpu_wheels.sh)")
-    from trainforge.server._usage import _Gpus
+    from trainforge.server.jobs.usage import _Gpus
 
     gpus = _Gpus()
     assert gpus.problem is None, gpus.problem

@@ -114,3 +114,18 @@ def storage_retries() -> int:
 
 def storage_retry_delay_s() -> float:
     return max(0.0, float(os.environ.get(ENV_STORAGE_RETRY_DELAY_S, DEFAULT_STORAGE_RETRY_DELAY_S)))
+
+# Where a client finds a train server (and the server's defaults for them).
+ENV_ADDRESS = "TRAINFORGE_ADDRESS"  # the client's way to a server ("http://127.0.0.1:8270")
+ENV_STATE_DIR = "TRAINFORGE_SERVER_DIR"  # default --state-dir, where the client finds address and token
+ENV_TOKEN = "TRAINFORGE_TOKEN"
+# A server on a Ray cluster publishes its URL (and state directory) in the cluster's KV under this key.
+RAY_KV_KEY = b"trainforge_server_address"
+RAY_KV_NAMESPACE = b"trainforge"
+# The file in a state directory that a running server holds locked (flock) for its whole life.
+SERVER_LOCK_FILE = "server.lock"
+
+
+def default_state_dir() -> str:
+    """A train server's default state directory: ``$TRAINFORGE_SERVER_DIR``, else ``~/.trainforge/server``."""
+    return os.environ.get(ENV_STATE_DIR) or str(Path.home() / ".trainforge" / "server")

@@ -44,7 +44,7 @@ MIN_CPU_PER_WORKER = 0.1
 """What every worker is charged in CPUs at least, whatever it asks for (0 CPUs included), as a small
 Kubernetes CPU request: a worker is a process, so nothing runs for free. The train server's
 scheduler counts it against capacity, quotas and fair-share usage
-(:meth:`trainforge.server._scheduler.JobRequest.from_spec`), and elastic sizing on this machine (or
+(:meth:`trainforge.server.scheduling.rule.JobRequest.from_spec`), and elastic sizing on this machine (or
 within a train server's grant) against what is available; what a job *asks* for is kept as asked."""
 
 

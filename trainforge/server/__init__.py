@@ -17,15 +17,17 @@ library. Submitting a job runs code as the server's user: the server binds 127.0
 request. See the README's "Train server" section for the scheduling rule and the job states.
 """
 
-from trainforge.server._client import Client, Job, JobStatus
-from trainforge.server._config import ServerConfig
-from trainforge.server._errors import (
+from trainforge.client import (
+    Client,
     InvalidJobError,
+    Job,
     JobConflictError,
     JobNotFoundError,
+    JobStatus,
     ServerError,
     ServerNotFoundError,
 )
+from trainforge.server._config import ServerConfig
 from trainforge.server._main import start_background_server
 
 __all__ = [

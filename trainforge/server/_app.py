@@ -1,5 +1,5 @@
 """The train server's HTTP API: FastAPI under ``/api/v1`` (OpenAPI at ``/api/v1/openapi.json``),
-assembled by :func:`make_app` from one router per resource (:mod:`trainforge.server._routes`), the
+assembled by :func:`make_app` from one router per resource (:mod:`trainforge.server.routes`), the
 schemas they share (:mod:`trainforge.server._schemas`) and the dashboard's pages.
 
 Every request needs the server's token (``Authorization: Bearer <token>``, or the server's own
@@ -7,7 +7,7 @@ Every request needs the server's token (``Authorization: Bearer <token>``, or th
 (no DNS rebinding); a state-changing request must come from this server's own origin (scheme, host
 and port) and send JSON (or, with a Bearer token, nothing); no body may pass ``max_body``
 (:mod:`trainforge._internal.http.guard`). What the caller's role may do is decided before the body is
-read (:class:`trainforge.server._routes.access.Access`). Bad input is answered by the schema (422
+read (:class:`trainforge.server.routes.access.Access`). Bad input is answered by the schema (422
 naming the field), an unknown job by 404, a change that the job's state does not allow by 409;
 never a 500.
 
@@ -32,11 +32,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import trainforge
 from trainforge._internal.http import DEFAULT_MAX_BODY, Guard, GuardPolicy
 from trainforge._internal.json_depth import too_deep_detail
-from trainforge.server import _dashboard, _experiments_page, _models_page
-from trainforge.server._audit import AuditMiddleware
-from trainforge.server._experiments import Experiments
 from trainforge.server._models import Models
-from trainforge.server._routes import (
+from trainforge.server.experiments.book import Experiments
+from trainforge.server.jobs.service import ConflictError, JobService, NotFoundError
+from trainforge.server.pages import dashboard as _dashboard
+from trainforge.server.pages import experiments as _experiments_page
+from trainforge.server.pages import models as _models_page
+from trainforge.server.routes import (
     access,
     experiments,
     jobs,
@@ -48,9 +50,9 @@ from trainforge.server._routes import (
     serve,
     team,
 )
-from trainforge.server._routes.common import API_PREFIX, ApiState
-from trainforge.server._service import ConflictError, JobService, NotFoundError
-from trainforge.server._users import authenticator
+from trainforge.server.routes.common import API_PREFIX, ApiState
+from trainforge.server.team.audit import AuditMiddleware
+from trainforge.server.team.users import authenticator
 
 
 def cookie_name(server_id: str) -> str:
@@ -66,8 +68,8 @@ def make_app(service: JobService, *, token: str, allowed_hosts: set[str], regist
     :mod:`trainforge._internal.http.guard` (token, Host, whole Origin, JSON-only changes, bodies of at
     most ``max_body`` bytes): ``token`` signs in as the built-in admin, each user's own token as that
     user, ``scrape_token`` as the scraper (``/metrics`` only); what each may do is
-    :mod:`trainforge.server._routes.access`, decided before a body is read. State-changing requests of
-    known callers, refusals included, go to the audit log (:mod:`trainforge.server._audit`), which
+    :mod:`trainforge.server.routes.access`, decided before a body is read. State-changing requests of
+    known callers, refusals included, go to the audit log (:mod:`trainforge.server.team.audit`), which
     wraps the guard: audit(guard(access(app)))."""
     app = FastAPI(
         title="trainforge train server",

@@ -5,25 +5,22 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from pathlib import Path
 
+from trainforge._internal.constants import (  # noqa: F401 - where clients find a server, named here too
+    ENV_ADDRESS,
+    ENV_STATE_DIR,
+    ENV_TOKEN,
+    RAY_KV_KEY,
+    RAY_KV_NAMESPACE,
+    default_state_dir,
+)
 from trainforge._internal.http import DEFAULT_MAX_BODY, is_loopback, size_text
 from trainforge._internal.key_values import parse_amount
-from trainforge.server._isolation_config import IsolationConfig
-from trainforge.server._team_policy import TeamPolicy
+from trainforge.server.isolation.config import IsolationConfig
+from trainforge.server.scheduling.team_policy import TeamPolicy
 
 DEFAULT_PORT = 8270  # not Ray's 6379 / 8265 (dashboard) / 8266 / 10001 (client)
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-ENV_ADDRESS = "TRAINFORGE_ADDRESS"  # the client's way to a server ("http://127.0.0.1:8270")
-ENV_STATE_DIR = "TRAINFORGE_SERVER_DIR"  # default --state-dir, where the client finds address and token
-ENV_TOKEN = "TRAINFORGE_TOKEN"
-# A server on a Ray cluster publishes its URL (and state directory) in the cluster's KV under this key.
-RAY_KV_KEY = b"trainforge_server_address"
-RAY_KV_NAMESPACE = b"trainforge"
-
-
-def default_state_dir() -> str:
-    return os.environ.get(ENV_STATE_DIR) or str(Path.home() / ".trainforge" / "server")
 
 
 @dataclasses.dataclass
@@ -46,11 +43,11 @@ class ServerConfig:
     serve HTTPS with this certificate chain and key (PEM files; both or neither). ``scrape_token``:
     the token that may read ``/metrics`` and nothing else (None: random, in ``<state_dir>/scrape_token``).
     ``team``: the rules of a server several users share (fair share, preemption, quotas, what
-    members may do: :class:`~trainforge.server._team_policy.TeamPolicy`). ``max_body``: the most bytes
+    members may do: :class:`~trainforge.server.scheduling.team_policy.TeamPolicy`). ``max_body``: the most bytes
     a request's body may have (default 64 MiB; 413 beyond, before it is read): a job's code and
     config fit many times over, and data goes by reference (a path or URL the server reads).
     ``isolation``: how the jobs of a server with users are kept apart
-    (:class:`~trainforge.server._isolation.IsolationConfig`). ``secret_files``: files the server read
+    (:class:`~trainforge.server.isolation.mechanism.IsolationConfig`). ``secret_files``: files the server read
     secrets from (``--token-file``, the TLS key): hidden from every job's sandbox, wherever they are.
 
     Example::

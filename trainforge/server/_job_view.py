@@ -8,9 +8,9 @@ import sys
 import threading
 from typing import Any
 
-from trainforge.server._client import Job, JobStatus
-from trainforge.server._errors import ServerError, ServerNotFoundError
-from trainforge.server._state import JobState
+from trainforge.client._client import Job, JobStatus
+from trainforge.client._errors import ServerError, ServerNotFoundError
+from trainforge.client._states import JobState
 
 
 def follow(job: Job, out: Any = None) -> JobStatus | None:

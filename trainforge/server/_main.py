@@ -4,7 +4,7 @@ background (:func:`start_background_server`).
 
 Files in the state directory (``~/.trainforge/server`` by default):
 
-- ``state.db`` (+ ``-wal``): jobs and events (:mod:`trainforge.server._store`);
+- ``state.db`` (+ ``-wal``): jobs and events (:mod:`trainforge.server.store.database`);
 - ``token`` (mode 0600): the API token (the built-in admin's), kept across restarts so clients stay connected;
 - ``scrape_token`` (mode 0600): the token that may read ``/metrics`` and nothing else (for Prometheus);
 - ``address``: the URL, for clients on this machine (removed on a clean stop);
@@ -31,7 +31,9 @@ from typing import IO, Any
 # The package, then http.listen(): `from trainforge._internal.http import listen` would name the module
 # http.listen to import-linter, which is not the named interface.
 from trainforge._internal import http
+from trainforge._internal.constants import SERVER_LOCK_FILE
 from trainforge._internal.state_files import DIR_MODE, open_append, write_atomic
+from trainforge.client._discovery import read_text
 from trainforge.server._config import (
     RAY_KV_KEY,
     RAY_KV_NAMESPACE,
@@ -40,14 +42,13 @@ from trainforge.server._config import (
     effective_capacity,
     machine_capacity,
 )
-from trainforge.server._discovery import read_text
 from trainforge.server._display import fmt_resources
 
 ADDRESS_FILE = "address"
 TOKEN_FILE = "token"
 SCRAPE_TOKEN_FILE = "scrape_token"
 SERVER_FILE = "server.json"
-LOCK_FILE = "server.lock"
+LOCK_FILE = SERVER_LOCK_FILE
 
 
 _CLEAR_TEXT_WARNING = """
@@ -213,8 +214,8 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
 
     from trainforge._internal.ray_utils import ray_connected
     from trainforge.server._app import make_app
-    from trainforge.server._isolation import Isolation
-    from trainforge.server._service import JobService
+    from trainforge.server.isolation.mechanism import Isolation
+    from trainforge.server.jobs.service import JobService
 
     note = claim_state_dir(config.state_dir)
     if note is not None:

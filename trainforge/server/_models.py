@@ -1,8 +1,8 @@
 """The train server's model registry, as its routes and pages see it: :class:`Models` (the registry,
 opened on first use, and the views of its models and versions that ``/api/v1/models``
-(:mod:`trainforge.server._routes.models`), the predictions under ``/api/v1/serve``
-(:mod:`trainforge.server._routes.serve`) and the dashboard's Models pages
-(:mod:`trainforge.server._models_page`) share).
+(:mod:`trainforge.server.routes.models`), the predictions under ``/api/v1/serve``
+(:mod:`trainforge.server.routes.serve`) and the dashboard's Models pages
+(:mod:`trainforge.server.pages.models`) share).
 
 The registry is ``ServerConfig.registry`` (``trainforge server start --registry URI``; default: that
 of ``Registry()``, ``$TRAINFORGE_REGISTRY`` or ``~/trainforge/registry``). Registry calls read and
@@ -26,8 +26,8 @@ from fastapi import Depends, HTTPException, Request
 from trainforge._internal.http import json_safe
 from trainforge.registry import NAME_PATTERN
 from trainforge.server._schemas import AliasMoveOut, JobLinkOut, ModelOut, VersionOut, invalid
-from trainforge.server._service import JobService
-from trainforge.server._store import JobRow
+from trainforge.server.jobs.service import JobService
+from trainforge.server.store.database import JobRow
 
 NAME_RE = re.compile(NAME_PATTERN)
 ERRORS: dict[int | str, dict[str, Any]] = {

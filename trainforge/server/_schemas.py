@@ -1,6 +1,6 @@
 """The train server API's schemas: every pydantic model its routes take and answer (and the
 annotated types of their parameters), in one place, as they appear in the OpenAPI document
-(``/api/v1/openapi.json``). A job's state is :class:`~trainforge.server._state.JobState` (the
+(``/api/v1/openapi.json``). A job's state is :class:`~trainforge.client._states.JobState` (the
 OpenAPI enum ``JobState``)."""
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from pydantic import (
 
 from trainforge._internal.http import json_safe
 from trainforge._internal.json_depth import shallow
+from trainforge.client._states import JobEvent, JobState
 from trainforge.registry import NAME_PATTERN
-from trainforge.server._scheduler import Pending
-from trainforge.server._state import JobEvent, JobState
-from trainforge.server._store import JobRow
-from trainforge.server._users import NAME_PATTERN as USER_NAME_PATTERN
+from trainforge.server.scheduling.rule import Pending
+from trainforge.server.store.database import JobRow
+from trainforge.server.team.users import NAME_PATTERN as USER_NAME_PATTERN
 
 KindName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:/-]+$")]
 Amount = Annotated[float, Field(ge=0, le=1e15, allow_inf_nan=False)]

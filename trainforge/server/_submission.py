@@ -1,7 +1,7 @@
 """``trainer.submit()``: a trainer queued as a job of the train server on this machine (started in
 the background if none runs), with what the submission tells its user, and, with ``wait=True``,
 its output followed until it ends. The trainer is encoded by
-:func:`~trainforge.server._trainer_job.trainer_job`."""
+:func:`~trainforge._internal.trainer_job.trainer_job`."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainforge.server._client import Client, Job
+from trainforge._internal.trainer_job import trainer_job
+from trainforge.client._client import Client, Job
+from trainforge.client._errors import ServerNotFoundError
 from trainforge.server._config import DEFAULT_PORT, ENV_ADDRESS, default_state_dir
-from trainforge.server._errors import ServerNotFoundError
 from trainforge.server._job_view import follow
 from trainforge.server._main import start_background_server
-from trainforge.server._trainer_job import trainer_job
 
 if TYPE_CHECKING:
     from trainforge import Result

@@ -267,7 +267,7 @@ class TuneController:
 
     def _stop(self, trial: Trial, *, reason: str = "", decision: dict[str, Any] | None = None,
               error: BaseException | None = None) -> None:  # fmt: skip
-        """Stop the trial's run; ``decision``: why (a :class:`~trainforge.server._experiment_schemas.DecisionIn`'s
+        """Stop the trial's run; ``decision``: why (a :class:`~trainforge.server.experiments.schemas.DecisionIn`'s
         fields: its kind, who decided, where), recorded with the iteration and metric it was taken at
         (in the experiment's snapshot; a train server's trial job gets it too)."""
         trial.stopping = True

@@ -8,7 +8,7 @@
   :class:`~trainforge.tune._experiment.ExperimentStore`, and each trial's run directories), as
   ``trainforge experiments import PATH`` sends it (the server's ``ExperimentImportIn``).
 
-Configurations are flattened as a trial job's ``config`` is (:func:`~trainforge.server._trainer_job.flat_config`:
+Configurations are flattened as a trial job's ``config`` is (:func:`~trainforge._internal.trainer_job.flat_config`:
 nested keys joined by ``/``; a trainer's ``train_loop_config``), so the space's keys, the trials' configs
 and the server's columns agree.
 """
@@ -19,13 +19,13 @@ import math
 import os
 from typing import Any
 
-from trainforge.server._trainer_job import flat_config
+from trainforge._internal.trainer_job import flat_config
 from trainforge.tune._experiment import ExperimentStore
 from trainforge.tune._sample import Categorical, Domain, Float, Integer, Normal
 from trainforge.tune._trainable import is_trainer
 from trainforge.tune._variants import is_grid
 
-# The fields of the server's DecisionIn (trainforge.server._experiment_schemas), which refuses others.
+# The fields of the server's DecisionIn (trainforge.server.experiments.schemas), which refuses others.
 DECISION_KEYS = ("kind", "iteration", "rule", "time_attr", "at", "rung", "rung_at", "value", "source_trial", "text")
 MAX_POINTS = 2000  # points per metric of an imported trial's history
 MAX_KEYS = 50  # metrics of an imported trial's history

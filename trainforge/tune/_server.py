@@ -22,6 +22,9 @@ from typing import Any
 
 from trainforge import Result
 from trainforge._internal.constants import ENV_JOB_ID
+from trainforge._internal.trainer_job import fetch_result, trainer_job
+from trainforge.client._discovery import discover
+from trainforge.client._states import JobState
 from trainforge.server import (
     Client,
     Job,
@@ -32,9 +35,6 @@ from trainforge.server import (
     ServerNotFoundError,
 )
 from trainforge.server._config import ENV_ADDRESS
-from trainforge.server._discovery import discover
-from trainforge.server._state import JobState
-from trainforge.server._trainer_job import fetch_result, trainer_job
 from trainforge.tune._experiment_info import decision_body
 
 logger = logging.getLogger("trainforge.tune")
@@ -50,7 +50,7 @@ def connect(setting: str | bool | None, *, announce: bool = False) -> Client | N
     (ServerNotFoundError, ServerError otherwise). None: in a process of a server's job (a tuner
     submitted as a job) None, so trials stay within the job's grant; else the server
     ``$TRAINFORGE_ADDRESS`` names (which must answer), else the one that
-    :func:`~trainforge.server._discovery.discover` finds (its state directory's ``address`` file) if it
+    :func:`~trainforge.client._discovery.discover` finds (its state directory's ``address`` file) if it
     answers, else None. Never starts a server.
     """
     if setting is False or (setting is None and os.environ.get(ENV_JOB_ID)):

@@ -2,7 +2,7 @@
 in which the job keeps the server's uid, but sees only its view, has no capability, and lives in
 a PID namespace of its own, which the kernel empties when its first process ends).
 
-    argv = command(plan, ["python", "-m", "trainforge.server._runner", job_dir], chdir=job_dir)
+    argv = command(plan, ["python", "-m", "trainforge.server.jobs.runner", job_dir], chdir=job_dir)
 
 Bubblewrap (``bwrap``, Flatpak's sandbox, the Debian package ``bubblewrap``) builds the same view
 as :mod:`~trainforge._internal.sandbox.view`, from the same :meth:`Plan.ops`. It joins no cgroup:
