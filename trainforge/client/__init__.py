@@ -1,6 +1,6 @@
 """The train server's Python client: :class:`Client` (one method per API call), :class:`Job` (one
-submitted job) and :class:`JobStatus`, the job states they report (:class:`JobState`) and the
-client's exceptions. It needs only the standard library and never imports the server, so a machine
+submitted job) and :class:`JobStatus`, the job states they report (:class:`JobState`), a Tune
+trial's state (:class:`TrialState`, derived by :func:`trial_state`) and the client's exceptions. It needs only the standard library and never imports the server, so a machine
 that only submits jobs installs nothing more than ``trainforge``.
 
     from trainforge.client import Client
@@ -21,6 +21,7 @@ from trainforge.client._errors import (
     ServerNotFoundError,
 )
 from trainforge.client._states import JobEvent, JobState
+from trainforge.client._trial_state import TrialDecision, TrialState, trial_state
 
 __all__ = [
     "Client",
@@ -33,5 +34,8 @@ __all__ = [
     "JobStatus",
     "ServerError",
     "ServerNotFoundError",
+    "TrialDecision",
+    "TrialState",
     "discover",
+    "trial_state",
 ]

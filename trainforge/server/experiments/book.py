@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainforge._internal.metric_path import lookup
-from trainforge.client._states import JobEvent, JobState
+from trainforge.client import JobEvent, JobState, TrialDecision, TrialState, trial_state
 from trainforge.server.experiments.importance import ImportanceCache, warm_up
 from trainforge.server.experiments.schemas import DecisionIn, DecisionOut, ExperimentImportIn, ImportTrialIn
 from trainforge.server.experiments.trial_stats import CurveCache, Stats, number
@@ -41,12 +41,6 @@ if TYPE_CHECKING:
 
     from trainforge.server.jobs.service import JobService
     from trainforge.server.store.database import JobStore
-
-# How each kind of decision (or end) ends a trial whose job has ended.
-ENDS_AS = {"pruned": "pruned", "max_t": "completed", "stopper": "completed", "budget": "completed",
-           "exploit": "queued", "interrupted": "stopped", "error": "errored"}  # fmt: skip
-ACTIVE = ("queued", "running")
-
 
 class ExperimentNotFound(LookupError):
     """No such experiment (HTTP 404)."""
@@ -61,22 +55,9 @@ class ExperimentOwned(RuntimeError):
     """An import of a directory another user imported (HTTP 409, naming them)."""
 
 
-def trial_state(job_state: str | None, reason: dict[str, Any] | None) -> str:
-    """A trial's state from its latest job's state and why it ended (a decision of the tuner)."""
-    kind = (reason or {}).get("kind")
-    if kind == "error" or job_state == JobState.FAILED:
-        return "errored"
-    if job_state in (JobState.QUEUED, JobState.HELD, JobState.LOST) or job_state is None:
-        return "queued"
-    if job_state in (JobState.STARTING, JobState.RUNNING, JobState.STOPPING):
-        return "running"
-    if job_state == JobState.SUCCEEDED and kind not in ("pruned", "exploit", "interrupted"):
-        return "completed"
-    return ENDS_AS.get(str(kind), "stopped")
-
-
 def ended_reason(job_state: str, error: str | None) -> dict[str, Any] | None:
-    """Why a trial ended when the tuner said nothing: its job's end."""
+    """Why a trial ended when the tuner said nothing: its job's end (its ``kind``: completed, failed
+    or stopped; a decision's kind otherwise, :class:`~trainforge.client.TrialDecision`)."""
     if job_state == JobState.SUCCEEDED:
         return {"kind": "completed", "text": "ran to its end"}
     if job_state == JobState.FAILED:
@@ -93,7 +74,7 @@ def decision_text(d: DecisionIn, base: int) -> str:
         return d.text
     at = f"training_iteration {base + d.iteration}" if d.iteration is not None else "its latest report"
     who = d.rule or "the scheduler"
-    if d.kind == "pruned":
+    if d.kind == TrialDecision.PRUNED:
         rung = f" at rung {d.rung}" if d.rung is not None else ""
         return f"{who} stopped it{rung} ({at})"
     return {
@@ -206,15 +187,17 @@ class Experiments:
             name = str(row["name"]).rpartition("/")[2] or tag["trial_id"]  # the job's name: "<experiment>/<trial>"
             conn.execute(
                 "INSERT INTO trials(experiment_id, trial_id, name, config, jobs, job_id, state, rev) "
-                "VALUES (?, ?, ?, ?, ?, ?, 'queued', ?)",
-                (experiment_id, tag["trial_id"], name, config, json.dumps(jobs), row["id"], self._next_rev()))  # fmt: skip
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (experiment_id, tag["trial_id"], name, config, json.dumps(jobs), row["id"], trial_state(None),
+                 self._next_rev()))  # fmt: skip
             return
         jobs = json.loads(trial["jobs"])  # the trial goes on in a new job (PBT's exploit: a new run)
         jobs.append({"job": row["id"], "cut": None, "base": int(trial["iterations"])})
         conn.execute(
-            "UPDATE trials SET jobs = ?, job_id = ?, job_state = NULL, scanned = 0, config = ?, state = 'queued', "
+            "UPDATE trials SET jobs = ?, job_id = ?, job_state = NULL, scanned = 0, config = ?, state = ?, "
             "reason = NULL, ended_at = NULL, rev = ? WHERE experiment_id = ? AND trial_id = ?",
-            (json.dumps(jobs), row["id"], config, self._next_rev(), experiment_id, tag["trial_id"]))  # fmt: skip
+            (json.dumps(jobs), row["id"], config, trial_state(None), self._next_rev(), experiment_id,
+             tag["trial_id"]))  # fmt: skip
 
     def _refresh(self, conn: sqlite3.Connection, row: sqlite3.Row) -> None:
         jobs = json.loads(row["jobs"])
@@ -231,7 +214,7 @@ class Experiments:
             "UPDATE trials SET job_state = ?, scanned = ?, state = ?, reason = ?, iterations = ?, last = ?, best = ?, "
             "best_at = ?, metrics = ?, started_at = COALESCE(started_at, ?), ended_at = ?, rev = ? "
             "WHERE experiment_id = ? AND trial_id = ?",
-            (state.value, scanned, trial_state(state, reason), json.dumps(reason) if reason else None,
+            (state.value, scanned, trial_state(state, (reason or {}).get("kind")), json.dumps(reason) if reason else None,
              stats.iterations, stats.last, stats.best, stats.best_at, json.dumps(stats.metrics) if stats.metrics else None,
              row["job_started"], row["job_ended"] if state.terminal else None, self._next_rev(),
              row["experiment_id"], row["trial_id"]))  # fmt: skip
@@ -279,7 +262,7 @@ class Experiments:
                 conn.execute(
                     "UPDATE trials SET jobs = ?, reason = ?, state = ?, scanned = ?, iterations = ?, last = ?, best = ?, "
                     "best_at = ?, metrics = COALESCE(?, metrics), rev = ? WHERE experiment_id = ? AND trial_id = ?",
-                    (json.dumps(jobs), json.dumps(reason), trial_state(row["job_state"], reason), offset,
+                    (json.dumps(jobs), json.dumps(reason), trial_state(row["job_state"], d.kind), offset,
                      stats.iterations, stats.last, stats.best, stats.best_at,
                      json.dumps(stats.metrics) if stats.metrics else None, rev, row["experiment_id"],
                      row["trial_id"]))  # fmt: skip
@@ -352,9 +335,9 @@ class Experiments:
     def _import_trial(self, conn: sqlite3.Connection, experiment_id: int, trial: ImportTrialIn, metric: str | None,
                       mode: str | None) -> None:  # fmt: skip
         decisions = list(trial.decisions)
-        if not decisions and trial.status == "TERMINATED" and trial.pruned:
+        if not decisions and trial.status == TrialState.TERMINATED and trial.pruned:
             it = number(trial.metrics.get("training_iteration"))
-            decisions = [DecisionIn(kind="pruned", iteration=int(it) if it is not None else None)]
+            decisions = [DecisionIn(kind=TrialDecision.PRUNED, iteration=int(it) if it is not None else None)]
         last = decisions[-1] if decisions else None
         cut = last.iteration if last is not None else None
         stats = Stats()
@@ -370,18 +353,17 @@ class Experiments:
         if last is not None:
             reason: dict[str, Any] | None = {**{k: v for k, v in last.model_dump().items() if v is not None},
                                              "text": decision_text(last, 0)}  # fmt: skip
-        elif trial.status == "ERROR":
+        elif trial.status == TrialState.ERROR:
             first = (trial.error or "").strip().splitlines()
             reason = {"kind": "error", "text": "error: " + (first[-1] if first else "the trial failed")}
-        elif trial.status == "TERMINATED":
+        elif trial.status == TrialState.TERMINATED:
             reason = {"kind": "completed", "text": "ran to its end"}
         else:
             reason = {"kind": "interrupted", "text": f"unfinished ({trial.status}) when the experiment was imported: "
                       "Tuner.restore continues it"}  # fmt: skip
-        state = {"ERROR": "errored", "PENDING": "stopped", "RUNNING": "stopped"}.get(trial.status)
-        if state is None:
-            state = ENDS_AS.get(str((reason or {}).get("kind")), "completed") if last is not None else "completed"
-            state = "stopped" if state == "queued" else state
+        # The snapshot's status is the trial's state (the tuner derived it: trial_state); one that did
+        # not end waits for a Tuner.restore (nothing runs it now).
+        state = trial.status if trial.status.ended else TrialState.PENDING
         history = {k: [p for p in points if cut is None or p[0] <= cut] for k, points in trial.history.items()}
         rev = self._next_rev()
         conn.execute(

@@ -30,7 +30,11 @@ from typing import Any
 from trainforge._internal.job_events import EventType
 from trainforge._internal.state_files import open_append
 from trainforge.client._states import JobEvent, JobState
-from trainforge.server.store.experiment_tables import EXPERIMENT_OWNER, EXPERIMENT_TABLES
+from trainforge.server.store.experiment_tables import (
+    EXPERIMENT_OWNER,
+    EXPERIMENT_TABLES,
+    TRIAL_STATES_OF_TUNE,
+)
 from trainforge.server.store.readers import ReaderPool as _ReaderPool
 from trainforge.server.store.team_tables import ISOLATION_TABLES, TEAM_TABLES
 
@@ -85,6 +89,7 @@ _MIGRATIONS = {
     4: TEAM_TABLES,  # users, jobs' owners, audit, fair-share usage, preemption (trainforge.server.store.team_tables)
     5: EXPERIMENT_OWNER,  # who imported an experiment (trainforge.server.store.experiment_tables)
     6: ISOLATION_TABLES,  # users' uids, jobs' credentials (trainforge.server.store.team_tables)
+    7: TRIAL_STATES_OF_TUNE,  # trials' states in Tune's names (trainforge.server.store.experiment_tables)
 }
 _SCHEMA_VERSION = max(_MIGRATIONS)  # the newest migration: each adds its own key
 
