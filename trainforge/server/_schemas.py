@@ -24,6 +24,7 @@ from pydantic import (
 
 from trainforge._internal.http import json_safe
 from trainforge._internal.json_depth import shallow
+from trainforge._internal.run_outcome import FailureClass
 from trainforge.client._states import JobEvent, JobState
 from trainforge.registry import NAME_PATTERN
 from trainforge.server.scheduling.rule import Pending
@@ -161,7 +162,8 @@ class JobOut(BaseModel):
     pid: int | None
     run_path: str | None
     exit_code: int | None
-    failure_class: str | None
+    failure_class: FailureClass | None = Field(description=(
+        "why it ended without success: user_error (its code or spec), infra (the server's side), stopped, lost"))
     error: str | None
     reports: int
     last_metrics: dict[str, Any] | None
@@ -441,7 +443,8 @@ def job_out(job: JobRow, pending: Pending | None) -> JobOut:
         pending=pending_out(pending) if job.state.waiting else None,
         submitted_at=job.submitted_at, started_at=job.started_at, ended_at=job.ended_at, attempt=job.attempt,
         max_retries=job.max_retries, request=request, grant=job.grant, workers=job.workers, gpu_ids=job.gpu_ids,
-        pid=job.pid, run_path=job.run_path, exit_code=job.exit_code, failure_class=job.failure_class,
+        pid=job.pid, run_path=job.run_path, exit_code=job.exit_code,
+        failure_class=FailureClass(job.failure_class) if job.failure_class else None,
         error=job.error, reports=job.reports, last_metrics=json_safe(job.last_metrics),
         config=json_safe(spec.get("config") or {}), owner=job.owner, preemptible=job.preemptible,
         preemptions=job.preemptions,
