@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from trainforge._internal.constants import ENV_ADDRESS, ENV_STATE_DIR, default_state_dir
+from trainforge._internal.constants import API_PREFIX, ENV_ADDRESS, ENV_STATE_DIR, default_state_dir
 from trainforge._internal.run_outcome import FailureClass
 from trainforge._internal.trainer_job import fetch_result
 from trainforge.client._discovery import discover, server_holds
@@ -38,7 +38,6 @@ from trainforge.client._states import JobState
 if TYPE_CHECKING:
     from trainforge import Result, TrainingReport
 
-API_PREFIX = "/api/v1"
 _RECONNECT_S = 60.0
 
 

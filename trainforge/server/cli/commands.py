@@ -21,12 +21,13 @@ import sys
 import time
 from typing import Any
 
+from trainforge._internal.amounts import fmt_number, fmt_resources
 from trainforge._internal.http import DEFAULT_MAX_BODY
 from trainforge._internal.key_values import parse_key_values, size_arg
 from trainforge._internal.resources import MIN_CPU_PER_WORKER
 from trainforge.client._states import ACTIVE_STATES, JobState
 from trainforge.server._config import DEFAULT_PORT, ServerConfig, default_state_dir, parse_resources
-from trainforge.server._display import fmt_resources, ordered_metrics
+from trainforge.server._display import ordered_metrics
 from trainforge.server.cli.listing import (
     client,
     jobs_command,
@@ -77,7 +78,7 @@ def add_commands(sub: Any) -> None:
     submit.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script or function")
     submit.add_argument("--workers", default="1", help="workers (N, or MIN-MAX for an elastic job); default 1")
     submit.add_argument("--cpus", type=float, default=1.0,
-                        help=f"CPUs per worker (default 1; each worker counts at least {MIN_CPU_PER_WORKER:g})")
+                        help=f"CPUs per worker (default 1; each worker counts at least {fmt_number(MIN_CPU_PER_WORKER)})")
     submit.add_argument("--gpus", type=float, default=0.0, help="GPUs per worker (default 0)")
     submit.add_argument("--memory", help="memory per worker, e.g. 4G (admission only)")
     submit.add_argument("--resources", type=parse_resources, help="other resources per worker, e.g. TPU=1")
@@ -303,8 +304,8 @@ def _submit(args: Any) -> int:
     target = args.target
     for flag, amount in (("--cpus", args.cpus), ("--gpus", args.gpus)):
         if not (math.isfinite(amount) and amount >= 0):
-            raise SystemExit(f"trainforge submit: {flag} {amount:g}: give a finite number >= 0 per worker (e.g. 0.5; "
-                             f"each worker counts at least {MIN_CPU_PER_WORKER:g} CPU)")  # fmt: skip
+            raise SystemExit(f"trainforge submit: {flag} {fmt_number(amount)}: give a finite number >= 0 per worker (e.g. 0.5; "
+                             f"each worker counts at least {fmt_number(MIN_CPU_PER_WORKER)} CPU)")  # fmt: skip
     per_worker: dict[str, float] = {"CPU": args.cpus}
     if args.gpus:
         per_worker["GPU"] = args.gpus

@@ -9,7 +9,8 @@ import sys
 import time
 from typing import Any
 
-from trainforge.server._display import column_width, cut_middle, fmt_resources
+from trainforge._internal.amounts import fmt_resources
+from trainforge.server._display import column_width, cut_middle
 
 
 def client(args: Any) -> Any:

@@ -27,6 +27,8 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse, Response
 
+from trainforge._internal.amounts import fmt_amount, fmt_bytes, fmt_number, fmt_resources
+from trainforge._internal.constants import API_PREFIX
 from trainforge._internal.http import json_safe
 from trainforge.client._states import (
     ACTIVE_STATES,
@@ -36,7 +38,7 @@ from trainforge.client._states import (
     JobState,
     states_json,
 )
-from trainforge.server._display import fmt_amount, fmt_bytes, fmt_resources, ordered_metrics
+from trainforge.server._display import ordered_metrics
 from trainforge.server.pages.team import audit_section, owner_note, shares_section, signed_in
 from trainforge.server.routes.access import Caller, can
 from trainforge.server.routes.common import Service, job_out_for
@@ -242,7 +244,8 @@ def compare_summary(jobs: list[dict[str, Any]], metric: str | None, group: str |
 def page(title: str, body: str, *, kind: str, data: dict[str, Any] | None = None,
          assets: tuple[str, ...] = (), caller: Principal | None = None) -> HTMLResponse:  # fmt: skip
     """A page: the shared header, ``body``, the page's data for the script (a JSON attribute), and
-    the job states it needs (``data-states``: :func:`~trainforge.client._states.states_json`);
+    the job states it needs (``data-states``: :func:`~trainforge.client._states.states_json`), and
+    where the API is (``data-api``: its prefix, which ``static/page.js`` calls under);
     ``assets``: more files of ``/static`` it loads (``.css`` style sheets, ``.js`` module scripts)."""
     payload = esc(json.dumps(data or {}, allow_nan=False, default=str))
     states = esc(json.dumps(states_json()))
@@ -264,7 +267,8 @@ def page(title: str, body: str, *, kind: str, data: dict[str, Any] | None = None
         '<script type=module src="/static/dashboard.js"></script>'
         f"{extra}"
         f'</head><body><header><span class=brand>trainforge</span><nav>{nav}</nav>{signed_in(caller)}<span id=live class=live title="live updates">●</span></header>'
-        f'<main id=page data-kind="{kind}" data-page="{payload}" data-states="{states}">{body}</main></body></html>'
+        f'<main id=page data-kind="{kind}" data-page="{payload}" data-states="{states}" data-api="{API_PREFIX}">'
+        f"{body}</main></body></html>"
     )
     return HTMLResponse(text, headers={"Content-Security-Policy": CSP, "Cache-Control": "no-store"})
 
@@ -443,7 +447,7 @@ def _queue_pages(offset: int, total: int, hours: float) -> str:
     """Where the queue page is in the queue, with links to the pages before and after it."""
     if total <= QUEUE_PAGE and offset == 0:
         return ""
-    links = [f'<a href="/queue?offset={o}&amp;hours={hours:g}">{label}</a>' for o, label, show in (
+    links = [f'<a href="/queue?offset={o}&amp;hours={fmt_number(hours)}">{label}</a>' for o, label, show in (
         (max(0, offset - QUEUE_PAGE), "previous", offset > 0), (offset + QUEUE_PAGE, "next", offset + QUEUE_PAGE < total)) if show]  # fmt: skip
     shown = f"{offset + 1}-{min(total, offset + QUEUE_PAGE)}" if offset < total else "none"
     return f"<p class=pages>{shown} of {total} waiting jobs {' '.join(links)}</p>"
@@ -475,7 +479,7 @@ def queue_page(service: Service, caller: Caller, hours: float = Query(6.0, gt=0,
         f"<th>Granted</th><th>Free</th></tr></thead><tbody>{res}</tbody></table></section>"
         "<section><h2>Who holds what</h2><table><thead><tr><th>Job</th><th>Grant</th><th>GPUs</th></tr></thead>"
         f"<tbody>{holders}</tbody></table></section>"
-        f"<section><h2>Who used what, the last {hours:g} hours</h2>{timeline(service, hours, time.time())}</section>"
+        f"<section><h2>Who used what, the last {fmt_number(hours)} hours</h2>{timeline(service, hours, time.time())}</section>"
         "<section><h2>Queue, in start order</h2><table><thead><tr><th>#</th><th>Job</th><th>Why it waits</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>{_queue_pages(offset, total, hours)}</section>{shares_section(service)}"
     )

@@ -21,7 +21,6 @@ from trainforge.server.jobs.service import JobService, NotFoundError
 from trainforge.server.routes.access import caller_of
 from trainforge.server.store.database import READERS, JobRow
 
-API_PREFIX = "/api/v1"
 POLL_S = 0.1
 KEEPALIVE_S = 15.0
 ERRORS: dict[int | str, dict[str, Any]] = {

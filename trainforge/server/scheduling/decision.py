@@ -9,6 +9,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
+from trainforge._internal.amounts import fmt_number
+
 if TYPE_CHECKING:
     from trainforge.server.scheduling.rule import _Scan
 
@@ -48,10 +50,10 @@ class Pending:
         if self.reason == "reserved":
             return f"behind job {self.behind}"
         if self.reason == "quota":
-            parts = [f"{_num(self.need[k])} {k}, {_num(self.free.get(k, 0.0))} of {_num(self.limit.get(k, 0.0))} left"
+            parts = [f"{fmt_number(self.need[k])} {k}, {fmt_number(self.free.get(k, 0.0))} of {fmt_number(self.limit.get(k, 0.0))} left"
                      for k in sorted(self.need)]  # fmt: skip
             return "over its user's quota: needs " + "; ".join(parts)
-        parts = [f"{_num(self.need[k])} {k}, {_num(self.free.get(k, 0.0))} free" for k in sorted(self.need)]
+        parts = [f"{fmt_number(self.need[k])} {k}, {fmt_number(self.free.get(k, 0.0))} free" for k in sorted(self.need)]
         return "needs " + "; ".join(parts)
 
 
@@ -112,10 +114,6 @@ class Decision:
         return self.starts == other.starts and self.pending == other.pending and self.preempt == other.preempt
 
     __hash__ = None  # type: ignore[assignment]
-
-
-def _num(x: float) -> str:
-    return f"{x:g}"
 
 
 class _Tail:

@@ -70,8 +70,9 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from trainforge._internal.amounts import fmt_number
 from trainforge._internal.resources import MIN_CPU_PER_WORKER, charge
-from trainforge.server.scheduling.decision import Decision, Pending, Start, _num, _Tail
+from trainforge.server.scheduling.decision import Decision, Pending, Start, _Tail
 from trainforge.server.scheduling.sharing import RunningJob, Team, add, fair_order, usage_ratios, victims
 from trainforge.server.scheduling.waiting import WaitingQueue
 
@@ -172,7 +173,7 @@ def check_fits(job: JobRequest, capacity: Resources, quota: Resources | None = N
     lacking = _lacking(request, capacity)
     if lacking:
         parts = ", ".join(
-            f"{_num(v)} {k} (capacity {_num(capacity.get(k, 0.0))})" for k, v in sorted(lacking.items())
+            f"{fmt_number(v)} {k} (capacity {fmt_number(capacity.get(k, 0.0))})" for k, v in sorted(lacking.items())
         )
         raise ValueError(
             f"{who} asks for {parts} with {job.min_workers} worker(s) and its driver{_floor_note(job, lacking)}, more "
@@ -181,7 +182,7 @@ def check_fits(job: JobRequest, capacity: Resources, quota: Resources | None = N
         )
     over = _lacking({k: v for k, v in request.items() if quota and k in quota}, quota or {})
     if over:
-        parts = ", ".join(f"{_num(v)} {k} (quota {_num((quota or {})[k])})" for k, v in sorted(over.items()))
+        parts = ", ".join(f"{fmt_number(v)} {k} (quota {fmt_number((quota or {})[k])})" for k, v in sorted(over.items()))
         raise ValueError(
             f"{who} asks for {parts} with {job.min_workers} worker(s) and its driver{_floor_note(job, over)}, more "
             "than its user's quota "
@@ -193,7 +194,7 @@ def check_fits(job: JobRequest, capacity: Resources, quota: Resources | None = N
 def _floor_note(job: JobRequest, lacking: Mapping[str, float]) -> str:
     """Why a request names CPUs its user may not have asked for (rule 0), when that is why it is refused."""
     if "CPU" in lacking and job.per_worker.get("CPU", 0.0) <= MIN_CPU_PER_WORKER + _EPS:
-        return f" (each worker counts at least {MIN_CPU_PER_WORKER:g} CPU)"
+        return f" (each worker counts at least {fmt_number(MIN_CPU_PER_WORKER)} CPU)"
     return ""
 
 
