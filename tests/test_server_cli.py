@@ -183,7 +183,7 @@ def test_submit_streams_the_jobs_output_and_exits_with_its_outcome(train_server,
     assert r.returncode == 0, r.stdout + r.stderr
     assert "(argv ['0', '--workers', '2', '--no-wait'])" in r.stdout
     assert r.stdout.splitlines()[-1] == "trainforge: job 4 (server_cli_end.py): SUCCEEDED"
-    assert json.loads(ok(d, "status", "4", "--json"))["request"]["workers"] == 1
+    assert json.loads(ok(d, "status", "4", "--json"))["request"]["num_workers"] == 1
 
 
 def test_submit_prints_the_output_while_the_job_runs(train_server, tmp_path, streamed):

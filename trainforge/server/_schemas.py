@@ -11,6 +11,7 @@ from fastapi import Path
 from fastapi.exceptions import RequestValidationError
 from pydantic import (
     AfterValidator,
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -25,6 +26,7 @@ from pydantic import (
 from trainforge._internal.http import json_safe
 from trainforge._internal.json_depth import shallow
 from trainforge._internal.run_outcome import FailureClass
+from trainforge._internal.trainer_job import NUM_WORKERS, num_workers_of
 from trainforge.client._states import JobEvent, JobState
 from trainforge.registry import NAME_PATTERN
 from trainforge.server.scheduling.rule import Pending
@@ -74,8 +76,9 @@ class JobSpecIn(BaseModel):
     """A job to queue. ``kind``: ``trainer`` (``trainer_b64``: the cloudpickled trainer, as
     ``trainer.submit()`` sends it), ``script`` (``path`` run as ``__main__`` with ``args``) or
     ``function`` (``target`` ``"pkg.module:function"`` returning a trainer). The request is
-    ``workers`` (the minimum, all started at once) up to ``max_workers``, ``per_worker`` resources
-    each, plus the job's ``driver``."""
+    ``num_workers`` (the minimum, all started at once; Ray's name, ``ScalingConfig(num_workers=...)``;
+    ``workers``, as older clients send it, is read as the same) up to ``max_workers``, ``per_worker``
+    resources each, plus the job's ``driver``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -93,7 +96,7 @@ class JobSpecIn(BaseModel):
             "server with users they are writable in the job's sandbox, as far as its user may write them"))
     env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
               Annotated[str, Field(max_length=65536)]] = Field(default_factory=dict)  # fmt: skip
-    workers: int = Field(default=1, ge=1, le=100_000)
+    num_workers: int = Field(default=1, ge=1, le=100_000, validation_alias=AliasChoices(NUM_WORKERS, "workers"))
     max_workers: int | None = Field(default=None, ge=1, le=100_000)
     per_worker: dict[KindName, Amount] = Field(default_factory=lambda: {"CPU": 1.0})
     driver: dict[KindName, Amount] = Field(default_factory=dict)
@@ -114,8 +117,8 @@ class JobSpecIn(BaseModel):
         need = {"trainer": "trainer_b64", "script": "path", "function": "target"}[self.kind]
         if getattr(self, need) is None:
             raise ValueError(f"kind={self.kind!r} needs the field {need!r}")
-        if self.max_workers is not None and self.max_workers < self.workers:
-            raise ValueError(f"max_workers={self.max_workers} is less than workers={self.workers}")
+        if self.max_workers is not None and self.max_workers < self.num_workers:
+            raise ValueError(f"max_workers={self.max_workers} is less than num_workers={self.num_workers}")
         return self
 
     @field_validator("path", "cwd")
@@ -433,7 +436,7 @@ def job_out(job: JobRow, pending: Pending | None) -> JobOut:
     """A job as the API answers it (``pending``: why it waits, for a waiting job)."""
     spec = job.spec
     request = {
-        "workers": spec.get("min_workers", 1),
+        NUM_WORKERS: num_workers_of(spec),
         "max_workers": spec.get("max_workers"),
         "per_worker": spec.get("per_worker", {}),
         "driver": spec.get("driver", {}),

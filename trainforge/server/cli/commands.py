@@ -25,6 +25,7 @@ from trainforge._internal.amounts import fmt_number, fmt_resources
 from trainforge._internal.http import DEFAULT_MAX_BODY
 from trainforge._internal.key_values import parse_key_values, size_arg
 from trainforge._internal.resources import MIN_CPU_PER_WORKER
+from trainforge._internal.trainer_job import NUM_WORKERS
 from trainforge.client._states import ACTIVE_STATES, JobState
 from trainforge.server._config import DEFAULT_PORT, ServerConfig, default_state_dir, parse_resources
 from trainforge.server._display import ordered_metrics
@@ -327,7 +328,7 @@ def _submit(args: Any) -> int:
         if isinstance(value, (dict, list)):
             raise SystemExit(f"trainforge submit: --config {key}={json.dumps(value)}: give one number, true/false or text")
     spec: dict[str, Any] = {
-        "workers": low, "per_worker": per_worker, "priority": args.priority, "hold": args.hold,
+        NUM_WORKERS: low, "per_worker": per_worker, "priority": args.priority, "hold": args.hold,
         "max_retries": args.max_retries, "env": env, "cwd": os.getcwd(), "args": list(args.args),
         "sys_path": [os.getcwd()], "config": config, "preemptible": args.preemptible,
     }  # fmt: skip
@@ -376,7 +377,7 @@ def _status(args: Any) -> int:
     r = job.raw
     print(job.describe())
     req = r["request"]
-    workers = f"{req['workers']}" + (f"-{req['max_workers']}" if req.get("max_workers") else "")
+    workers = f"{req[NUM_WORKERS]}" + (f"-{req['max_workers']}" if req.get("max_workers") else "")
     print(f"  request: {workers} worker(s) x {_fmt_resources(req['per_worker'])}; priority {job.priority}")
     if r.get("grant"):
         print(f"  grant:   {_fmt_resources(r['grant'])} ({r['workers']} workers)"

@@ -30,6 +30,7 @@ from fastapi.responses import HTMLResponse, Response
 from trainforge._internal.amounts import fmt_amount, fmt_bytes, fmt_number, fmt_resources
 from trainforge._internal.constants import API_PREFIX
 from trainforge._internal.http import json_safe
+from trainforge._internal.trainer_job import NUM_WORKERS
 from trainforge.client._states import (
     ACTIVE_STATES,
     ALL_STATES,
@@ -134,7 +135,7 @@ def job_row(job: dict[str, Any], now: float, usage: dict[str, float] | None = No
     active = job["state"] in ACTIVE_STATES
     used = resources(job.get("grant")) if job.get("grant") and active else ""
     req = job.get("request") or {}
-    asked = f"{req.get('workers', 1)}" + (f"-{req['max_workers']}" if req.get("max_workers") else "") + " × " + (
+    asked = f"{req.get(NUM_WORKERS, 1)}" + (f"-{req['max_workers']}" if req.get("max_workers") else "") + " × " + (
         resources(req.get("per_worker")) or "0"
     )
     return (

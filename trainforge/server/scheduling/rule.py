@@ -72,6 +72,7 @@ from typing import Any
 
 from trainforge._internal.amounts import fmt_number
 from trainforge._internal.resources import MIN_CPU_PER_WORKER, charge
+from trainforge._internal.trainer_job import num_workers_of
 from trainforge.server.scheduling.decision import Decision, Pending, Start, _Tail
 from trainforge.server.scheduling.sharing import RunningJob, Team, add, fair_order, usage_ratios, victims
 from trainforge.server.scheduling.waiting import WaitingQueue
@@ -123,7 +124,7 @@ class JobRequest:
             job_id=job_id,
             seq=job_id,
             per_worker=charge(spec.get("per_worker", {})),
-            min_workers=int(spec.get("min_workers", 1)),
+            min_workers=num_workers_of(spec),  # the user's num_workers (an older server's spec: min_workers)
             max_workers=spec.get("max_workers"),
             driver=spec.get("driver", {}),
             priority=priority,
