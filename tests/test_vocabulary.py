@@ -73,6 +73,12 @@ def test_one_number_formatter():
     assert copies == [os.path.join("_internal", "amounts.py")], copies
 
 
+def test_metrics_are_shown_by_one_rule():
+    assert amounts.fmt_metric(0.123456) == "0.1235" and amounts.fmt_metric(12345.6) == "1.235e+04"
+    copies = [path for path, text in _sources(".py").items() if ":.4g}" in text]
+    assert copies == [os.path.join("_internal", "amounts.py")], copies
+
+
 def test_no_private_name_of_these_is_imported_across_modules():
     """``from x import _num`` was how the scheduler reached the decision's formatter."""
     private = re.compile(r"^from trainforge\S* import .*\b(_num|_display|_fmt_resources)\b", re.M)

@@ -2,6 +2,8 @@
 server's CLI, pages and scheduling reasons, ``trainforge serve``, the HTTP guard's messages):
 
 - :func:`fmt_number`: a plain number, as short as it is exact enough (``2``, ``0.5``, ``1e+06``);
+- :func:`fmt_metric`: a reported metric's value in a line or a cell, to 4 significant digits
+  (``0.1235``; the API and the files keep them all; the pages' scripts round alike);
 - :func:`fmt_bytes`: an amount of bytes in binary units (``21.5 GiB``), which ``--capacity
   memory=21.5GiB`` reads back (:func:`~trainforge._internal.key_values.parse_amount`; the train
   server's ``static/units.js`` is its copy for the pages' scripts, and a browser test checks that the
@@ -22,6 +24,11 @@ BYTE_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
 def fmt_number(x: float) -> str:
     """``x`` for people: ``2`` (not ``2.0``), ``0.5``, ``0.333333``, ``1e+06`` (six significant digits)."""
     return f"{x:g}"
+
+
+def fmt_metric(value: float) -> str:
+    """A metric's value for people: 4 significant digits (``0.1235``, ``1.235e+04``)."""
+    return f"{value:.4g}"
 
 
 def fmt_bytes(n: float) -> str:

@@ -4,10 +4,10 @@ the ``ResultGrid``'s results), the train server's Experiments API
 (``GET /api/v1/experiments/{id}/trials``), its experiments pages and the CLI. The names are Ray
 Tune's (``Trial.status``)::
 
-    PENDING -> RUNNING -> TERMINATED   ran to its end, or the tuner ended it on purpose
-       ^  |      |  \\--> ERROR        it failed, the tuner failed it, or its job was stopped on the server
-       |  v      \\----> PENDING      PBT exploited it, or the tuner was interrupted (Ctrl-C): it continues
-     PAUSED                           its job is held in the server's queue (it runs once released)
+    PENDING -> RUNNING -> TERMINATED   it ran to its end, or the tuner ended it on purpose
+      |  ^               -> ERROR        it failed, the tuner failed it, or its job was stopped on the server
+      v  |               -> PENDING      the tuner runs it again (PBT's exploit; Tuner.restore after Ctrl-C)
+     PAUSED                              its job is held in the server's queue (it runs once released)
 
 A trial runs as a job of the train server (or as a run of a local tuner): its state follows from
 that run's :class:`~trainforge.client.JobState` and the tuner's :class:`TrialDecision` on it, if it
@@ -26,6 +26,10 @@ took one. The choices, as Ray Tune makes them:
   PENDING too).
 - A trial whose job waits in the queue, or was lost for a moment (its runner vanished: the job is
   requeued), is ``PENDING``; one whose job is *held* (``PATCH hold``) is ``PAUSED`` until released.
+
+While a trial's job waits on the server, the tuner's console already shows it ``RUNNING`` (it has
+started the trial's run, as far as it knows) where the server shows ``PENDING``; once the trial has
+ended, every view says the same.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse, Response
 
-from trainforge._internal.amounts import fmt_amount, fmt_bytes, fmt_number, fmt_resources
+from trainforge._internal.amounts import fmt_amount, fmt_bytes, fmt_metric, fmt_number, fmt_resources
 from trainforge._internal.constants import API_PREFIX
 from trainforge._internal.http import json_safe
 from trainforge._internal.trainer_job import NUM_WORKERS
@@ -93,7 +93,7 @@ def metrics_text(m: dict[str, Any] | None, limit: int = 4) -> str:
         return ""
     items = []
     for k, v in ordered_metrics(m)[:limit]:
-        items.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
+        items.append(f"{k}={fmt_metric(v)}" if isinstance(v, float) else f"{k}={v}")
     return " ".join(items) + (" …" if len(m) > limit else "")
 
 
@@ -208,7 +208,7 @@ def _group_value(job: dict[str, Any], group: str | None) -> str:
 def _value_text(job: dict[str, Any], group: str) -> str:
     """The grouping key's value as people read it: a float rounded (``0.1501``), else as grouped."""
     value = (job.get("config") or {}).get(group)
-    return f"{value:.4g}" if isinstance(value, float) else _group_value(job, group)
+    return fmt_metric(value) if isinstance(value, float) else _group_value(job, group)
 
 
 def _value_order(job: dict[str, Any], group: str | None) -> tuple[int, float, str]:
@@ -231,8 +231,8 @@ def compare_summary(jobs: list[dict[str, Any]], metric: str | None, group: str |
         value = _value_text(members[0], group) if group else ""
         last = [v for j in members if isinstance(v := (j.get("last_metrics") or {}).get(metric), (int, float))
                 and not isinstance(v, bool)]  # fmt: skip
-        stats = (f"<td class=num>{sum(last) / len(last):.4g}</td><td class=num>{min(last):.4g}</td>"
-                 f"<td class=num>{max(last):.4g}</td>") if last else "<td>—</td><td>—</td><td>—</td>"  # fmt: skip
+        stats = (f"<td class=num>{fmt_metric(sum(last) / len(last))}</td><td class=num>{fmt_metric(min(last))}</td>"
+                 f"<td class=num>{fmt_metric(max(last))}</td>") if last else "<td>—</td><td>—</td><td>—</td>"  # fmt: skip
         links = ", ".join(f'<a href="/jobs/{j["id"]}">{j["id"]}</a>' for j in members)
         rows.append(f"<tr><td>{esc(value) if group else 'all'}</td><td class=num>{len(members)}</td>{stats}<td>{links}</td></tr>")
     return (

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
+from trainforge._internal.amounts import fmt_metric
 from trainforge.client import TrialState
 from trainforge.server.experiments import views as views
 from trainforge.server.experiments.book import ExperimentNotFound
@@ -36,7 +37,7 @@ def fmt(v: Any) -> str:
     if isinstance(v, bool) or v is None:
         return "" if v is None else str(v).lower()
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return fmt_metric(v)
     return str(v)
 
 
