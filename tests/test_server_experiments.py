@@ -132,6 +132,18 @@ def test_an_exploited_trial_goes_on_in_a_new_job_and_its_curve_joins_both(api):
     assert api.get(f"{P}/jobs/{first}/series").json()["series"]["loss"]["i"] == [0, 1]  # the earlier job, cut too
 
 
+def test_a_trial_the_tuners_ctrl_c_left_is_pending_as_in_its_snapshot_and_the_experiment_is_not_live(api):
+    """Ctrl-C: the tuner saves the trial PENDING (Tuner.restore continues it); the server says the same,
+    and, as nothing here will run it, the experiment has ended."""
+    job = _trial(api, "cut", {"x": 0.5}, [1.0, 0.9])
+    _decide(api, job, kind="interrupted", iteration=2)
+    api.post(f"{P}/jobs/{job}/stop")
+    trial = _trials(api)["cut"]
+    assert (trial["state"], trial["reason"]["kind"]) == ("PENDING", "interrupted")
+    summary = api.get(f"{P}/experiments/1").json()
+    assert summary["counts"] == {"PENDING": 1} and not summary["live"] and summary["ended_at"] is not None
+
+
 @pytest.mark.parametrize(("job_state", "kind", "expected"), [
     (JobState.QUEUED, None, "PENDING"), (JobState.RUNNING, "pruned", "RUNNING"), (JobState.SUCCEEDED, None, "TERMINATED"),
     (JobState.STOPPED, "pruned", "TERMINATED"), (JobState.STOPPED, "max_t", "TERMINATED"),
