@@ -207,7 +207,7 @@ def test_a_lost_server_is_the_trial_s_error_saying_what_to_do():
                                   scaling_config=ScalingConfig(num_workers=2))  # fmt: skip
     client = _LosingClient()
     run = ServerRun(client, trainer, name="exp/trial_1")  # type: ignore[arg-type]
-    assert client.spec["name"] == "exp/trial_1" and client.spec["workers"] == 2
+    assert client.spec["name"] == "exp/trial_1" and client.spec["num_workers"] == 2
     assert client.spec["config"] == {"lr": 0.1, "net/depth": 3}
     reports = iter(run)
     assert next(reports).metrics == {"i": 1}
