@@ -122,8 +122,8 @@ def test_the_server_client_uses_only_the_standard_library_for_http():
     code = (
         "import sys\n"
         "from trainforge.server import Client\n"
-        "from trainforge.client._client import _Http\n"
-        "_Http('http://127.0.0.1:1/api/v1', {}, 1.0)\n"
+        "from trainforge.client._http import Transport\n"
+        "Transport('http://127.0.0.1:1', prefix='/api/v1', token=None, timeout=1.0)\n"
         "import trainforge.server.cli.commands\n"
         "print('HEAVY=' + ','.join(m for m in ('httpx', 'httpcore', 'fastapi', 'uvicorn', 'pydantic') "
         "if m in sys.modules))\n"

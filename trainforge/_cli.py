@@ -103,10 +103,9 @@ def _run(argv: list[str] | None) -> int:
     except BrokenPipeError:
         raise
     except Exception as exc:  # errors a user can cause: one line, no traceback
-        from trainforge.server import ServerError, ServerNotFoundError
-        from trainforge.server._main import ServerRunningError, ServerStartError
+        from trainforge.server.cli.commands import user_errors
 
-        if isinstance(exc, (ServerError, ServerNotFoundError, ServerRunningError, ServerStartError, ValueError, OSError)):
+        if isinstance(exc, (*user_errors(), ValueError, OSError)):
             print(f"trainforge: {exc}", file=sys.stderr)
             return 1
         raise

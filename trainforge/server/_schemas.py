@@ -24,7 +24,7 @@ from pydantic import (
 
 from trainforge._internal.http import json_safe
 from trainforge._internal.json_depth import shallow
-from trainforge.client._states import JobEvent, JobState
+from trainforge.client import JobEvent, JobState
 from trainforge.registry import NAME_PATTERN
 from trainforge.server.scheduling.rule import Pending
 from trainforge.server.store.database import JobRow

@@ -33,7 +33,7 @@ from trainforge.tune.schedulers import Exploit, TrialScheduler
 from trainforge.tune.search._searcher import PRUNED_RESULT_KEY, Searcher
 
 if TYPE_CHECKING:
-    from trainforge.server import Client
+    from trainforge.client import Client
 
 logger = logging.getLogger("trainforge.tune")
 

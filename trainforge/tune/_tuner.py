@@ -32,7 +32,7 @@ from trainforge.tune.schedulers import FIFOScheduler
 from trainforge.tune.search._searcher import BasicVariantGenerator, ConcurrencyLimiter, Searcher
 
 if TYPE_CHECKING:
-    from trainforge.server import Client
+    from trainforge.client import Client
 
 logger = logging.getLogger("trainforge.tune")
 
