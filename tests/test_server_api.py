@@ -30,6 +30,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
+from hypothesis_profiles import examples
 
 schemathesis = pytest.importorskip("schemathesis")
 pytest.importorskip("fastapi")
@@ -241,7 +242,7 @@ CHECKS = [
     response_headers_conformance,
 ]
 FUZZ_SETTINGS = settings(
-    max_examples=30,
+    max_examples=examples(30),
     deadline=None,
     derandomize=True,
     database=None,
@@ -358,7 +359,7 @@ def test_stateful_sequences_follow_the_schema(tmp_path):
     # 1-3 exist in every scenario, so the walk meets existing jobs whatever the draw.
     Workflow.run(
         settings=settings(
-            max_examples=60, stateful_step_count=8, deadline=None, derandomize=True, database=None,
+            max_examples=examples(60), stateful_step_count=8, deadline=None, derandomize=True, database=None,
             suppress_health_check=list(HealthCheck),
         )
     )  # fmt: skip

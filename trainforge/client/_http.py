@@ -3,8 +3,10 @@ and the one place the client meets ``http.client``'s and ``socket``'s exceptions
 of the client's (:mod:`trainforge.client._errors`), the original as its ``__cause__``:
 
     could not connect (refused, no route, a name that does not resolve)   ServerNotFoundError(sent=False)
+    the connection not accepted within ``timeout``                        ServerTimeoutError(sent=False)
     connected, no reply within ``timeout``                                ServerTimeoutError(sent=True)
-    the connection lost or cut short after the request went out          ServerNotFoundError(sent=True)
+    the connection lost, or the reply cut short, after the request went   ServerNotFoundError(sent=True)
+    a reply that is not HTTP (a status line, a header that is not)        BadResponseError
 
 A fresh connection per request (loopback connects in microseconds; nothing kept alive goes stale,
 nothing is shared between threads), and nothing heavier imported, so a fresh ``trainforge`` command
@@ -21,7 +23,13 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from trainforge.client._errors import ClientConfigError, ServerNotFoundError, ServerTimeoutError
+from trainforge.client._errors import (
+    BadResponseError,
+    ClientConfigError,
+    ClientError,
+    ServerNotFoundError,
+    ServerTimeoutError,
+)
 
 
 class Response(NamedTuple):
@@ -79,13 +87,21 @@ class Transport:
         query = urllib.parse.urlencode({k: v for k, v in (params or {}).items() if v is not None}, doseq=True)
         return self._prefix + path + (f"?{query}" if query else "")
 
-    def _lost(self, exc: Exception) -> ServerNotFoundError:
-        """The error for a connection lost after the request went out (the server may have acted on it)."""
+    def _lost(self, exc: Exception) -> ClientError:
+        """The error for a reply that did not come whole after the request went out (the server may
+        have acted on it): timed out, the connection lost, or something not HTTP answered."""
         if isinstance(exc, TimeoutError):
             return ServerTimeoutError(
                 f"the train server at {self.address} did not answer within {self._timeout:g} s: it may be busy "
                 "(Client(timeout=...) waits longer)",
                 sent=True,
+            )
+        if isinstance(exc, http.client.HTTPException) and not isinstance(
+            exc, (http.client.RemoteDisconnected, http.client.IncompleteRead)
+        ):
+            return BadResponseError(
+                f"something answered at {self.address}, but not in HTTP as a train server does "
+                f"({type(exc).__name__}: {exc}): is it a train server's address?"
             )
         return ServerNotFoundError(
             f"the train server at {self.address} closed the connection before it answered ({type(exc).__name__}: "
