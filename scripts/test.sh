@@ -37,10 +37,13 @@ workers="${TEST_WORKERS:-3}"
 # pytest's exit code 5 ("no tests collected") is a pass: an argument may select nothing in one lane.
 lane() { "$@" || { code=$?; [ "$code" = 5 ] && return 0; return "$code"; }; }
 pytest=(.venv/bin/python -m pytest -ra --max-worker-restart=0)
+# Hypothesis: a few examples a property in the edit loop, each property's full count in CI's lanes
+# (tests/hypothesis_profiles.py).
 if [ "$quick" = 1 ]; then
-  lane "${pytest[@]}" -q -n 2 --dist worksteal -m quick "$@"
+  HYPOTHESIS_PROFILE=quick lane "${pytest[@]}" -q -n 2 --dist worksteal -m quick "$@"
   exit 0
 fi
+export HYPOTHESIS_PROFILE=thorough
 # The lanes run one after the other: the serial lane's Ray tests fail on their timeouts when the
 # parallel lane keeps the CPUs busy beside them (measured: nice did not save them). `timeout` ends a
 # lane that hangs past any test's timeout.

@@ -13,7 +13,7 @@ import json as _json
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from trainforge._internal.constants import ENV_ADDRESS, ENV_STATE_DIR, default_state_dir
@@ -206,10 +206,10 @@ class Client:
     def job(self, job_id: int) -> Job:
         return Job(self, job_id)
 
-    def jobs(self, state: list[str] | None = None, *, limit: int = 50, before: int | None = None) -> list[JobStatus]:
+    def jobs(self, state: Sequence[str] | None = None, *, limit: int = 50, before: int | None = None) -> list[JobStatus]:
         params: dict[str, Any] = {"limit": limit}
         if state:
-            params["state"] = state
+            params["state"] = list(state)
         if before is not None:
             params["before"] = before
         return [JobStatus.from_json(j) for j in self._object("GET", "/jobs", params=params, fields=("jobs",))["jobs"]]

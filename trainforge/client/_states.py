@@ -78,5 +78,8 @@ class JobEvent(StrEnum):
 
 
 WAITING_STATES = (JobState.QUEUED, JobState.HELD)
+"""The states of a job in the queue (it holds nothing): ``client.jobs(state=WAITING_STATES)``."""
 ACTIVE_STATES = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)
+"""The states of a job a runner holds resources for."""
 TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
+"""The states of a job that has ended."""
