@@ -11,8 +11,8 @@ nothing more than ``trainforge``.
     client = Client()                    # the local server, or Client("http://host:8270", token=...)
     for status in client.jobs(): ...
 
-``trainforge.server`` re-exports the client, its job types and the server's errors
-(``trainforge.server.Client`` is this ``Client``).
+``trainforge.server`` re-exports ``Client``, ``Job``, ``JobStatus`` and the errors it exported before
+the client was a package of its own (``trainforge.server.Client`` is this ``Client``).
 """
 
 from trainforge.client._client import Client
