@@ -205,6 +205,14 @@ def test_an_event_whose_data_is_not_json_is_a_bad_response(tiny):
     assert isinstance(info.value.__cause__, json.JSONDecodeError)
 
 
+def test_a_report_that_is_not_one_is_a_bad_response(tiny):
+    stream = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+              b"event: report\ndata: {\"no\": \"fields\"}\n\n")  # fmt: skip
+    server = tiny(lambda method, path: stream)
+    with pytest.raises(BadResponseError, match="a report the server sent is not one"):
+        list(Client(server.address, token="t", timeout=30).job(1).reports())
+
+
 @pytest.mark.parametrize(
     "status, cls", [(404, JobNotFoundError), (409, JobConflictError), (422, InvalidJobError), (500, ServerError)]
 )

@@ -119,7 +119,14 @@ class Job:
 
         for event, _, data in self.client.stream(f"/jobs/{self.id}/stream"):
             if event == EventType.REPORT:
-                yield decode_report(data)
+                try:
+                    report = decode_report(data)
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    raise BadResponseError(
+                        f"job {self.id}: a report the server sent is not one ({type(exc).__name__}: {exc}): "
+                        f"is {self.client.address} a train server as new as this client? {str(data)[:200]}"
+                    ) from exc
+                yield report
             elif event == "end":
                 return
 
