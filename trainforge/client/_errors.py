@@ -16,8 +16,9 @@ each keeps the built-in base that ``except`` clauses written before the tree sti
 
 Foreign exceptions (``http.client``'s, ``socket``'s, ``json``'s) are translated where the client
 meets them, ``raise ServerNotFoundError(...) from exc``: the original is the ``__cause__``.
-One exception passes through untranslated: :meth:`Job.result() <trainforge.client.Job.result>`
-raises the run's own error, as ``fit()`` would have raised it.
+Two kinds pass through untranslated: :meth:`Job.result() <trainforge.client.Job.result>` raises the
+run's own error, as ``fit()`` would have raised it; an argument of the wrong type (a job spec that
+is not JSON) raises Python's ``TypeError``, as any function's would.
 """
 
 from __future__ import annotations

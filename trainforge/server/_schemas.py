@@ -1,6 +1,6 @@
 """The train server API's schemas: every pydantic model its routes take and answer (and the
 annotated types of their parameters), in one place, as they appear in the OpenAPI document
-(``/api/v1/openapi.json``). A job's state is :class:`~trainforge.client._states.JobState` (the
+(``/api/v1/openapi.json``). A job's state is :class:`~trainforge.client.JobState` (the
 OpenAPI enum ``JobState``)."""
 
 from __future__ import annotations
