@@ -257,6 +257,17 @@ def test_waiting_past_the_timeout_is_a_job_timeout(tiny):
     assert isinstance(info.value, TimeoutError)
 
 
+def test_an_error_while_waiting_with_a_timeout_is_raised_to_the_caller(tiny):
+    def answer(method: str, path: str):
+        if path.startswith("/api/v1/jobs/1/stream"):
+            return reply(404, json.dumps({"detail": "job 1 was deleted"}))
+        return reply(200, json.dumps(job_json()))
+
+    server = tiny(answer)
+    with pytest.raises(JobNotFoundError, match="job 1 was deleted"):
+        Client(server.address, token="t", timeout=30).job(1).wait(timeout=60)
+
+
 def test_job_status_from_json_names_what_is_missing():
     with pytest.raises(BadResponseError, match="KeyError"):
         JobStatus.from_json({"id": 1})

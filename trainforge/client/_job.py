@@ -10,7 +10,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from trainforge._internal.trainer_job import fetch_result
-from trainforge.client._errors import BadResponseError, JobNotFoundError, JobTimeoutError, ServerError
+from trainforge.client._errors import (
+    BadResponseError,
+    ClientError,
+    JobNotFoundError,
+    JobTimeoutError,
+    ServerError,
+)
 from trainforge.client._states import JobState
 
 if TYPE_CHECKING:
@@ -91,9 +97,19 @@ class Job:
                     return JobStatus.from_json(data)
             return self.status()
         done: list[JobStatus] = []
-        waiter = threading.Thread(target=lambda: done.append(self.wait()), daemon=True)
+        failed: list[ClientError] = []
+
+        def wait() -> None:
+            try:
+                done.append(self.wait())
+            except ClientError as exc:  # raised here, in the caller's thread, not lost in the waiter's
+                failed.append(exc)
+
+        waiter = threading.Thread(target=wait, daemon=True)
         waiter.start()
         waiter.join(timeout)
+        if failed:
+            raise failed[0]
         if not done:
             raise JobTimeoutError(f"job {self.id} is still {self.status().state} after {timeout:g} s: it goes on "
                                   f"(wait again, or `trainforge stop {self.id}`)")
