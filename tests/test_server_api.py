@@ -30,6 +30,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
+from hypothesis_profiles import examples
 
 schemathesis = pytest.importorskip("schemathesis")
 pytest.importorskip("fastapi")
@@ -42,7 +43,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     status_code_conformance,
 )
 
-from trainforge.client._states import JobState  # noqa: E402
+from trainforge.client import JobState  # noqa: E402
 from trainforge.server._app import cookie_name, make_app  # noqa: E402
 from trainforge.server._config import ServerConfig, parse_resources  # noqa: E402
 from trainforge.server.jobs.runner import EVENTS_FILE, OUTPUT_FILE  # noqa: E402
@@ -241,7 +242,7 @@ CHECKS = [
     response_headers_conformance,
 ]
 FUZZ_SETTINGS = settings(
-    max_examples=30,
+    max_examples=examples(30),
     deadline=None,
     derandomize=True,
     database=None,
@@ -358,7 +359,7 @@ def test_stateful_sequences_follow_the_schema(tmp_path):
     # 1-3 exist in every scenario, so the walk meets existing jobs whatever the draw.
     Workflow.run(
         settings=settings(
-            max_examples=60, stateful_step_count=8, deadline=None, derandomize=True, database=None,
+            max_examples=examples(60), stateful_step_count=8, deadline=None, derandomize=True, database=None,
             suppress_health_check=list(HealthCheck),
         )
     )  # fmt: skip

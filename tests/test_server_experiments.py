@@ -20,7 +20,7 @@ pytest.importorskip("fastapi")
 
 from test_server_api import Api, P, read_sse  # noqa: E402
 
-from trainforge.client._states import JobState  # noqa: E402
+from trainforge.client import JobState  # noqa: E402
 from trainforge.server.experiments.book import trial_state  # noqa: E402
 from trainforge.server.jobs.runner import EVENTS_FILE  # noqa: E402
 

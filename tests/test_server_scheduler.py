@@ -9,6 +9,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from trainforge.server.scheduling.rule import JobRequest, Pending, check_fits, decide, free_resources
 
@@ -42,7 +43,7 @@ def _total(grants) -> dict[str, float]:
     return {k: sum(g.get(k, 0.0) for g in grants) for k in KINDS}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(queue=jobs(), running_share=st.integers(0, 4))
 def test_never_grants_more_than_capacity_and_gangs_are_whole(queue, running_share):
     running = [{"CPU": float(running_share), "GPU": float(running_share % 3 == 1)}]
@@ -60,7 +61,7 @@ def test_never_grants_more_than_capacity_and_gangs_are_whole(queue, running_shar
     assert sorted(ids) == sorted(by_id)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(queue=jobs(), seed=st.integers(0, 2**32 - 1))
 def test_the_answer_does_not_depend_on_the_order_jobs_are_given_in(queue, seed):
     shuffled = list(queue)
@@ -68,7 +69,7 @@ def test_the_answer_does_not_depend_on_the_order_jobs_are_given_in(queue, seed):
     assert decide(queue, [], CAPACITY) == decide(shuffled, [], CAPACITY)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(queue=jobs(), running_cpu=st.integers(0, 6))
 def test_a_started_job_needs_no_kind_an_earlier_waiting_job_lacks(queue, running_cpu):
     decision = decide(queue, [{"CPU": float(running_cpu)}], CAPACITY)
@@ -88,7 +89,7 @@ def test_a_started_job_needs_no_kind_an_earlier_waiting_job_lacks(queue, running
         assert first.job_id in started
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(queue=jobs(), ends=st.randoms(use_true_random=False))
 def test_no_job_waits_forever(queue, ends):
     """Jobs end one at a time (in any order): every job that is not held starts within as many
@@ -107,7 +108,7 @@ def test_no_job_waits_forever(queue, ends):
     assert waiting == []
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(queue=jobs())
 def test_every_waiting_job_has_a_reason_and_a_place(queue):
     decision = decide(queue, [{"CPU": 4.0}], CAPACITY)
@@ -188,7 +189,7 @@ def test_bad_requests_name_the_field(kwargs, field):
         JobRequest(**{"job_id": 1, "seq": 0, "per_worker": {"CPU": 1}, **kwargs})
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(queue=jobs(n_max=20), running_share=st.integers(0, 4), zero=st.booleans())
 def test_stopping_the_scan_early_changes_nothing(queue, running_share, zero):
     """decide() stops walking the queue once nothing more can start and works out the remaining
@@ -228,7 +229,7 @@ def _churned(queue: list[JobRequest], rng: random.Random):
     return waiting
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(queue=jobs(n_max=20), running_share=st.integers(0, 4), zero=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_a_waiting_queue_kept_up_to_date_decides_as_the_list_of_its_jobs(queue, running_share, zero, seed):
     if zero:
@@ -241,7 +242,7 @@ def test_a_waiting_queue_kept_up_to_date_decides_as_the_list_of_its_jobs(queue, 
     assert decision == expected
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(queue=jobs(n_max=30), running_share=st.integers(0, 4), zero=st.booleans(), data=st.data())
 def test_a_page_or_one_reason_is_that_of_the_whole_list(queue, running_share, zero, data):
     """GET /queue shows a page, and a job's reply its own reason, without working out every reason:

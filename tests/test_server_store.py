@@ -250,7 +250,7 @@ def test_the_pages_take_the_event_types_from_the_server_and_the_scripts_copy_non
     import pathlib
     import re
 
-    from trainforge.client._states import states_json
+    from trainforge.server.pages.dashboard import states_json
 
     assert states_json()["events"] == [e.value for e in JobEvent]
     static = pathlib.Path(st.__file__).parent.parent / "pages" / "static"

@@ -8,9 +8,7 @@ import sys
 import threading
 from typing import Any
 
-from trainforge.client._client import Job, JobStatus
-from trainforge.client._errors import ServerError, ServerNotFoundError
-from trainforge.client._states import JobState
+from trainforge.client import Job, JobState, JobStatus, ServerError, ServerNotFoundError
 
 
 def follow(job: Job, out: Any = None) -> JobStatus | None:

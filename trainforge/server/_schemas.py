@@ -1,6 +1,6 @@
 """The train server API's schemas: every pydantic model its routes take and answer (and the
 annotated types of their parameters), in one place, as they appear in the OpenAPI document
-(``/api/v1/openapi.json``). A job's state is :class:`~trainforge.client._states.JobState` (the
+(``/api/v1/openapi.json``). A job's state is :class:`~trainforge.client.JobState` (the
 OpenAPI enum ``JobState``)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pydantic import (
 
 from trainforge._internal.http import json_safe
 from trainforge._internal.json_depth import shallow
-from trainforge.client._states import JobEvent, JobState
+from trainforge.client import JobEvent, JobState
 from trainforge.registry import NAME_PATTERN
 from trainforge.server.scheduling.rule import Pending
 from trainforge.server.store.database import JobRow

@@ -13,7 +13,7 @@ from trainforge.server._display import column_width, cut_middle, fmt_resources
 
 
 def client(args: Any) -> Any:
-    from trainforge.client._client import Client
+    from trainforge.client import Client
 
     return Client(args.address, state_dir=args.state_dir)
 
@@ -35,7 +35,7 @@ NAME_WIDTH = 48  # longer names are cut in the middle (Tune trials differ at the
 def _list_jobs(api: Any, states: list[str] | None, limit: int | None) -> tuple[list[Any], int | None]:
     """The newest ``limit`` jobs (every one for None) in ``states``, and how many more there are
     (None: more, but the server does not count them)."""
-    from trainforge.client._client import JobStatus
+    from trainforge.client import JobStatus
 
     jobs: list[Any] = []
     before: int | None = None

@@ -180,8 +180,7 @@ class _Direct:
 
 def _connect(args: Any) -> Any:
     """The running server's client, or (none runs on this machine's state directory) the store."""
-    from trainforge.client._client import Client
-    from trainforge.client._errors import ServerNotFoundError
+    from trainforge.client import Client, ServerNotFoundError
     from trainforge.server._main import check_not_running
 
     try:
@@ -252,7 +251,7 @@ def _print_token(target: Any, reply: dict[str, Any], what: str) -> None:
 
 # -- the audit log, and who am I -----------------------------------------------------------------------
 def _events(args: Any) -> int:
-    from trainforge.client._client import Client
+    from trainforge.client import Client
 
     rows = Client(args.address, state_dir=args.state_dir).request(
         "GET", "/audit", params={"user": args.user, "job": args.job, "limit": args.limit})  # fmt: skip
@@ -273,7 +272,7 @@ def _events(args: Any) -> int:
 
 
 def _whoami(args: Any) -> int:
-    from trainforge.client._client import Client
+    from trainforge.client import Client
 
     me = Client(args.address, state_dir=args.state_dir).request("GET", "/whoami")
     quota = ",".join(f"{k}={v:g}" for k, v in (me.get("quota") or {}).items()) or "none"

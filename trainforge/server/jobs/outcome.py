@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from trainforge.client._states import JobEvent, JobState
+from trainforge.client import JobEvent, JobState
 from trainforge.server.store.database import Change, JobRow
 
 

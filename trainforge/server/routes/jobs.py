@@ -12,7 +12,7 @@ from fastapi import APIRouter, Body, HTTPException, Query
 from fastapi.responses import Response
 
 from trainforge._internal.state_files import open_regular
-from trainforge.client._states import JobState
+from trainforge.client import JobState
 from trainforge.server._schemas import (
     JobId,
     JobListOut,

@@ -28,7 +28,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from trainforge.client._states import JobState
+from trainforge.client import JobState
 from trainforge.server.jobs.service import JobService
 from trainforge.server.routes.common import Service
 

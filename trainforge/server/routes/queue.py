@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 import trainforge
-from trainforge.client._states import ACTIVE_STATES, WAITING_STATES
+from trainforge.client import ACTIVE_STATES, WAITING_STATES
 from trainforge.server._schemas import HealthOut, QueueEntryOut, QueueListOut, ResourcesOut, pending_out
 from trainforge.server.routes.common import Service
 
