@@ -283,17 +283,19 @@ class JobStore:
         """The rows of one read query, on a reader connection."""
         return self._read(sql, args)
 
-    # -- fair-share usage (trainforge.server.scheduling.accounting) -------------------------------------
-    def usage_rows(self) -> list[tuple[str, float, float]]:
-        """Each user's stored decayed usage: ``(user, value, at)``."""
-        return [(str(r[0]), float(r[1]), float(r[2])) for r in self._read("SELECT user, value, at FROM usage")]
+    # -- fair-share usage (trainforge.server.scheduling.accounting's UsageStore) -------------------------
+    def usage_rows(self) -> dict[str, tuple[float, float]]:
+        """Each user's decayed usage as last saved: user -> (value, as of when)."""
+        return {row["user"]: (float(row["value"]), float(row["at"])) for row in self._read("SELECT user, value, at FROM usage")}
 
     def save_usage(self, values: Mapping[str, float], at: float) -> None:
-        """Store each user's decayed usage ``values`` as of ``at``, in one transaction."""
-        rows = [(user, float(value), at) for user, value in values.items()]
-        self._transaction(lambda conn: conn.executemany(
-            "INSERT INTO usage(user, value, at) VALUES (?, ?, ?) "
-            "ON CONFLICT(user) DO UPDATE SET value=excluded.value, at=excluded.at", rows))  # fmt: skip
+        """Each user's usage ``values`` as of ``at``."""
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.executemany("INSERT INTO usage(user, value, at) VALUES (?, ?, ?) ON CONFLICT(user) DO UPDATE "
+                             "SET value=excluded.value, at=excluded.at", [(u, v, at) for u, v in values.items()])  # fmt: skip
+
+        self._transaction(work)
 
     # -- reads ------------------------------------------------------------------------------------
     def get(self, job_id: int) -> JobRow | None:
