@@ -169,7 +169,8 @@ class Experiments:
     def _on_jobs_changed(self, changed: JobsChanged) -> None:
         """The store committed a change of jobs: trial jobs submitted become (or extend) their trial,
         and a trial whose latest job changed state or had its events read in is brought up to it."""
-        new = [i for i, spec in changed.added.items() if (spec.get("experiment") or {}).get("path") is not None]
+        new = [i for i, spec in changed.added.items()
+               if isinstance(tag := spec.get("experiment"), dict) and tag.get("path") is not None]  # fmt: skip
         if not new and not any(j in self._trial_jobs for j in changed.moved):  # most changes: no trial's
             return
         with self._lock:
