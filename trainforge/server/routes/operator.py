@@ -57,9 +57,9 @@ class ServerCollector:
         for p in s.queue():
             reasons[(p.reason,)] = reasons.get((p.reason,), 0.0) + 1
         yield gauge("queue_pending_jobs", "Waiting jobs by why they wait.", ["reason"], reasons)
-        oldest = s.store.query("SELECT submitted_at FROM jobs WHERE state=? ORDER BY id LIMIT 1", (JobState.QUEUED.value,))
+        oldest = s.store.oldest_submitted_at(JobState.QUEUED.value)
         yield gauge("queue_oldest_pending_age_seconds", "Since the oldest queued job was submitted.", [],
-                    {(): max(0.0, now - oldest[0][0]) if oldest else 0.0})  # fmt: skip
+                    {(): max(0.0, now - oldest) if oldest is not None else 0.0})  # fmt: skip
         grants, free = s.grants(), s.free()
         allocated: dict[str, float] = {}
         for g in grants.values():
