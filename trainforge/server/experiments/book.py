@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainforge._internal.metric_path import lookup
-from trainforge.client._states import JobEvent, JobState
+from trainforge.client import JobEvent, JobState
 from trainforge.server.experiments.importance import ImportanceCache, warm_up
 from trainforge.server.experiments.schemas import DecisionIn, DecisionOut, ExperimentImportIn, ImportTrialIn
 from trainforge.server.experiments.trial_stats import CurveCache, Stats, number

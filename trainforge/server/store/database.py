@@ -32,7 +32,7 @@ from typing import Any
 
 from trainforge._internal.job_events import EventType
 from trainforge._internal.state_files import open_append
-from trainforge.client._states import JobEvent, JobState
+from trainforge.client import JobEvent, JobState
 from trainforge.server.store.audit import AuditRows
 from trainforge.server.store.experiments import ExperimentRows
 from trainforge.server.store.job_rows import COLUMNS, JSON_COLUMNS, Change, Event, JobRow

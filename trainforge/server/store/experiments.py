@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from trainforge.client._states import JobEvent
+from trainforge.client import JobEvent
 
 if TYPE_CHECKING:
     from trainforge.server.store.database import JobStore

@@ -9,7 +9,7 @@ import json
 import sqlite3
 from typing import Any
 
-from trainforge.client._states import JobEvent, JobState
+from trainforge.client import JobEvent, JobState
 
 
 @dataclasses.dataclass
