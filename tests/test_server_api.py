@@ -754,6 +754,7 @@ def test_series_range_and_its_errors(api):
     assert part["series"]["x"]["t"][-1] == 509.0 and (part["start"], part["end"]) == (500, 509)
     bad = api.get(f"{P}/jobs/{jid}/series", params={"start": 10, "end": 5})
     assert bad.status_code == 422 and "end=5 is before start=10" in _error_text(bad)
+    assert bad.json()["detail"][0]["loc"] == ["query", "end"]  # the schema's shape of a 422, as every other 422
 
 
 def test_series_and_metrics_say_which_attempt_each_report_is_of(api):
