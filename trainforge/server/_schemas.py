@@ -133,7 +133,8 @@ class JobSpecIn(BaseModel):
 
 
 class PendingOut(BaseModel):
-    reason: Literal["held", "resources", "reserved", "quota"]
+    reason: str = Field(description="held, resources, reserved, quota, or the name of the scheduling policy that "
+                                    "holds the job back (max_running: its user runs as many jobs as they may)")
     position: int | None
     text: str
     need: dict[str, float] = Field(default_factory=dict)

@@ -24,7 +24,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from trainforge._internal.job_events import EventType
@@ -371,6 +371,20 @@ class JobStore:
     def query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         """The rows of one read query, on a reader connection."""
         return self._read(sql, args)
+
+    # -- fair-share usage (trainforge.server.scheduling.accounting's UsageStore) -------------------------
+    def usage_rows(self) -> dict[str, tuple[float, float]]:
+        """Each user's decayed usage as last saved: user -> (value, as of when)."""
+        return {row["user"]: (float(row["value"]), float(row["at"])) for row in self._read("SELECT user, value, at FROM usage")}
+
+    def save_usage(self, values: Mapping[str, float], at: float) -> None:
+        """Each user's usage ``values`` as of ``at``."""
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.executemany("INSERT INTO usage(user, value, at) VALUES (?, ?, ?) ON CONFLICT(user) DO UPDATE "
+                             "SET value=excluded.value, at=excluded.at", [(u, v, at) for u, v in values.items()])  # fmt: skip
+
+        self._transaction(work)
 
     # -- reads ------------------------------------------------------------------------------------
     def get(self, job_id: int) -> JobRow | None:
