@@ -108,3 +108,47 @@ def test_max_running_never_lets_a_user_run_more_and_the_quick_path_agrees(specs,
     full.run(0, stop_when_saturated=False)
     assert sorted(s.job_id for s in decision.starts) == sorted(s.job_id for s in full.starts)
     assert decision.pending == full.pending
+
+
+def test_max_running_is_one_line_of_configuration_and_get_queue_and_the_cli_show_its_reason(tmp_path, monkeypatch,
+                                                                                              capsys):  # fmt: skip
+    """Enabled by one line (``TeamPolicy.policies``), the server holds a user's second job with reason
+    ``max_running``: GET /queue shows it, ``trainforge queue`` prints its text, GET /resources (and
+    ``trainforge resources``) list the policies, and /metrics has what the policy exposes."""
+    pytest.importorskip("fastapi")
+    import argparse
+
+    from test_server_api import Api, P
+
+    from trainforge.server.cli import listing
+    from trainforge.server.scheduling.team_policy import TeamPolicy
+
+    api = Api(str(tmp_path / "state"), {"CPU": 4.0})
+    try:
+        api.service.scheduling.policy = TeamPolicy(policies=(*DEFAULT_POLICIES, "max_running:1"))  # the one line
+        first, second = api.submit(per_worker={"CPU": 1}), api.submit(per_worker={"CPU": 1})
+        assert api.get(f"{P}/jobs/{first['id']}").json()["state"] == "RUNNING"
+        queue = api.get(f"{P}/queue").json()
+        assert [(e["job_id"], e["pending"]["reason"]) for e in queue["entries"]] == [(second["id"], "max_running")]
+        assert queue["entries"][0]["pending"]["text"] == "its user runs 1 jobs, at most 1"
+        job = api.get(f"{P}/jobs/{second['id']}").json()
+        assert job["state"] == "QUEUED" and job["pending"]["reason"] == "max_running"
+        resources = api.get(f"{P}/resources").json()
+        assert [p["name"] for p in resources["policies"]] == [*DEFAULT_POLICIES, "max_running"]
+
+        class _Client:
+            def queue(self) -> list:
+                return queue["entries"]
+
+            def resources(self) -> dict:
+                return resources
+
+        monkeypatch.setattr(listing, "client", lambda args: _Client())
+        listing.queue_command(argparse.Namespace(json=False))
+        listing.resources_command(argparse.Namespace(json=False))
+        out = capsys.readouterr().out
+        assert "its user runs 1 jobs, at most 1" in out and "max_running: a user runs at most 1 job(s) at once" in out
+        metrics = api.get("/metrics").text
+        assert "trainforge_policy_max_running_jobs 1.0" in metrics and 'trainforge_user_running_jobs{user="admin"} 1.0' in metrics
+    finally:
+        api.close()

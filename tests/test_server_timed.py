@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
-import time
 import types
 
 import pytest

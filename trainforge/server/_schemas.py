@@ -239,6 +239,9 @@ class ResourcesOut(BaseModel):
     jobs: dict[str, dict[str, Any]] = Field(description="job id -> its grant and GPU ids")
     gpus: dict[str, int] = Field(description="GPU id -> the job holding it")
     decision_ms: float
+    policies: list[dict[str, str]] = Field(
+        default_factory=list, description="the scheduling policies, in order: name and what each does"
+    )
 
 
 class HealthOut(BaseModel):
