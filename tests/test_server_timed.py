@@ -128,14 +128,14 @@ def test_an_urgent_job_preempts_within_the_exemption_with_no_other_event(make_se
     service.scheduling.preemptor.stop_runner = lambda job_id: stopped.set()  # no process to stop
     low = _submit(service, "ann", preemptible=True)
     started = service.ledger.get(low).started_at
-    assert service.alarm.at is None  # nothing waits: no alarm
+    assert service.scheduling.alarm.at is None  # nothing waits: no alarm
     urgent = _submit(service, "bob", priority=5)
-    assert service.get(urgent).state == JobState.QUEUED and service.alarm.at == pytest.approx(started + exempt)
+    assert service.get(urgent).state == JobState.QUEUED and service.scheduling.alarm.at == pytest.approx(started + exempt)
     assert stopped.wait(30), "the low job was never preempted: the exemption ended with no event to decide on"
     job = service.get(low)
     assert job.state == JobState.STOPPING and job.preemptions == 1
     assert job.preempted_at - started <= exempt + 1.0  # within the exemption + 1 s of the urgent arrival
-    assert service.alarm.fired >= 1
+    assert service.scheduling.alarm.fired >= 1
 
 
 def test_an_idle_server_and_one_with_nothing_to_preempt_arm_no_alarm(make_service):
@@ -143,8 +143,8 @@ def test_an_idle_server_and_one_with_nothing_to_preempt_arm_no_alarm(make_servic
     low = _submit(service, "ann")  # not preemptible
     urgent = _submit(service, "bob", priority=5)
     assert service.get(low).state == JobState.RUNNING and service.get(urgent).state == JobState.QUEUED
-    assert service.alarm.at is None and service.alarm.fired == 0
+    assert service.scheduling.alarm.at is None and service.scheduling.alarm.fired == 0
     quiet = make_service({"CPU": 1.0}, team=TeamPolicy(preempt_exempt_s=60, preemption=False))
     _submit(quiet, "ann", preemptible=True)
     _submit(quiet, "bob", priority=5)
-    assert quiet.alarm.at is None
+    assert quiet.scheduling.alarm.at is None

@@ -13,18 +13,24 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from trainforge.client._states import JobState
+from trainforge.server.jobs.alarm import Alarm
 from trainforge.server.jobs.metrics import SchedulerCounters
 from trainforge.server.jobs.preemption import Preemptor
 from trainforge.server.scheduling.accounting import Accounting
+from trainforge.server.scheduling.decision import Decision
 from trainforge.server.scheduling.ledger import ResourceLedger
 from trainforge.server.scheduling.policies import Settings, build_all
 from trainforge.server.scheduling.policy import Gauge, TeamView
+from trainforge.server.scheduling.rule import JobRequest, decide
 from trainforge.server.scheduling.sharing import Team
 from trainforge.server.scheduling.team_policy import TeamPolicy
-from trainforge.server.store.database import JobStore
+from trainforge.server.scheduling.waiting import WaitingQueue
+from trainforge.server.store.database import JobRow, JobStore
 from trainforge.server.team.users import ADMIN, UserBook
 
 __all__ = ["Scheduling"]
@@ -33,11 +39,15 @@ __all__ = ["Scheduling"]
 class Scheduling:
     """See the module docstring. ``capacity``: the service's (it may change it in place);
     ``stop_runner(job_id)``: stops a job's runner and returns once it is gone; ``lock``: the service's,
-    which the reads for people and operators take (the decisions' callers hold it already)."""
+    which the reads for people and operators take (the decisions' callers hold it already);
+    ``on_alarm``: decide again (the service's, called by the alarm); ``clock``: the time."""
 
     def __init__(self, store: JobStore, capacity: dict[str, float], policy: TeamPolicy, users: UserBook,
-                 stop_runner: Callable[[int], None], lock: threading.RLock | None = None):  # fmt: skip
+                 stop_runner: Callable[[int], None], *, lock: threading.RLock | None = None,
+                 on_alarm: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.time):  # fmt: skip
         self._lock = lock or threading.RLock()
+        self.capacity = capacity
+        self.alarm = Alarm(on_alarm, clock=clock)
         self.policy = policy
         self.users = users
         self.ledger = ResourceLedger(capacity, Accounting(store, capacity, policy.half_life_s))
@@ -55,6 +65,32 @@ class Scheduling:
         self._policy = policy
         self.policies = build_all(policy.active_policies(),
                                   Settings(policy.preempt_exempt_s, policy.preempt_cooldown_s))  # fmt: skip
+
+    # -- deciding --------------------------------------------------------------------------------------
+    def hold(self, job: JobRow, grant: Mapping[str, float], now: float, started_at: float | None = None) -> None:
+        """``job`` holds ``grant`` from ``now`` on (the ledger charges its user from now)."""
+        self.ledger.hold(job.id, grant, now, user=job.owner, priority=job.priority, preemptible=job.preemptible,
+                         started_at=started_at, preempted_at=job.preempted_at,
+                         stopping=job.state == JobState.STOPPING)  # fmt: skip
+
+    def decide(self, waiting: WaitingQueue, lendable: Mapping[int, Mapping[str, float]], now: float) -> Decision:
+        """The scheduler's decision as of ``now`` (``lendable``: what elastic jobs hold above their
+        minimum), timed for ``/metrics``."""
+        running = self.ledger.running(now, lendable)
+        team = self.team(waiting.users, now)
+        t0 = time.perf_counter()
+        decision = decide(waiting, running, self.capacity, team, self.policies)
+        self.counters.decided(time.perf_counter() - t0)
+        return decision
+
+    def carry_out(self, decision: Decision, blocked: JobRequest | None, now: float) -> None:
+        """After the decision's starts: its preemptions (for ``blocked``, its first job lacking
+        resources), and the alarm at the next moment a time-based rule could change the answer with no
+        other event (a preemptible job leaving its exemption; disarmed when none: nothing waits for a
+        moment); usage saved when due."""
+        self.preemptor.preempt(decision.preempt, decision.blocked, now)
+        self.alarm.arm(self.policies.next_change(blocked, self.ledger.running(now), now))
+        self.ledger.accounting.persist_due(now)
 
     def quota(self, user: str) -> dict[str, float] | None:
         """What ``user``'s jobs may hold at once (None: no limit; the built-in admin has none, and none
@@ -128,6 +164,20 @@ class Scheduling:
     def describe(self) -> list[dict[str, str]]:
         """Each policy, in order: its name and what it does."""
         return self.policies.describe()
+
+    def free(self) -> dict[str, float]:
+        with self._lock:
+            return self.ledger.free()
+
+    def grants(self) -> dict[int, dict[str, Any]]:
+        """Each running job's grant and GPU ids."""
+        with self._lock:
+            owned = self.ledger.gpus.by_job()
+            return {j: {"grant": g, "gpu_ids": owned.get(j, [])} for j, g in self.ledger.grants().items()}
+
+    def gpu_owners(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.ledger.gpus.owner)
 
     def holdings(self) -> dict[str, dict[str, float]]:
         """What each user's running jobs hold, by kind."""

@@ -12,10 +12,10 @@ the runner processes (``_processes``: starting, waiting, adopting, killing), the
 (``_tailer``), the elastic jobs' sizes (``_elastic``), how a run ended (``_outcome``), the usage
 sampler (``_usage``), the scheduling rules' side (``scheduling``: the
 :class:`~trainforge.server.scheduling.ledger.ResourceLedger`, the only owner of what running jobs
-hold, which GPUs and whose usage; the policies; the preemption executor; the counters), the
-scheduler's alarm (``alarm``: a decision again at the next moment a time-based rule could change
-the answer, such as a preemptible job passing its exemption) and, for a server a team shares, its
-users (``_users``) and their jobs' sandboxes (``_sandboxes``).
+hold, which GPUs and whose usage; the policies; the preemption executor; the counters; the alarm
+that decides again at the next moment a time-based rule could change the answer, such as a
+preemptible job passing its exemption) and, for a server a team shares, its users (``_users``) and
+their jobs' sandboxes (``_sandboxes``).
 
 Threads: the API's (any number) call the public methods; one waiter per runner (``Popen.wait`` for
 a runner this server started, a pidfd for one it reattached); one tailer that reads the runners'
@@ -41,7 +41,6 @@ from trainforge.client._states import ACTIVE_STATES, TERMINAL_STATES, WAITING_ST
 from trainforge.server._crash import crash_point
 from trainforge.server.isolation.config import IsolationConfig
 from trainforge.server.isolation.mechanism import Isolation
-from trainforge.server.jobs.alarm import Alarm
 from trainforge.server.jobs.elastic import Elastic
 from trainforge.server.jobs.files import JobFiles
 from trainforge.server.jobs.idempotency import ConflictError, NotFoundError, resubmitted, submission_digest
@@ -57,7 +56,6 @@ from trainforge.server.scheduling.rule import (
     JobRequest,
     Pending,
     check_fits,
-    decide,
 )
 from trainforge.server.scheduling.team_policy import TeamPolicy
 from trainforge.server.scheduling.waiting import WaitingQueue
@@ -108,10 +106,9 @@ class JobService:
         self.usage = UsageSampler(self.active_jobs, self.processes.jobs_processes, self.sandboxes.cgroup)
         self.audit = AuditLog(self.store)
         self.scheduling = Scheduling(self.store, self.capacity, team or TeamPolicy(), self.users, self._stop_preempted,
-                                     self._lock)
+                                     lock=self._lock, on_alarm=self._schedule, clock=clock)  # fmt: skip
         self.ledger = self.scheduling.ledger
         self.elastic = Elastic(self.ledger, self.store, self.files, self.get)
-        self.alarm = Alarm(self._schedule, clock=clock)
 
     def _server_id(self) -> str:
         path = os.path.join(self.state_dir, "server_id")
@@ -140,7 +137,7 @@ class JobService:
                 self._waiting.put(request_of(job))
                 counts["queued"] += 1
             for job in self.store.jobs(ACTIVE_STATES, newest_first=False):
-                self._hold(job, job.grant or {}, self.clock(), started_at=job.started_at)
+                self.scheduling.hold(job, job.grant or {}, self.clock(), started_at=job.started_at)
                 self.ledger.hold_gpus(job.id, job.gpu_ids or [])
                 self.tailer.track(job.id, job.events_offset)
                 if job.workers:
@@ -185,7 +182,7 @@ class JobService:
         """Stop following the jobs (they keep running; the next server reattaches them). The zygote
         stops serving and exits once the processes it forked have ended."""
         self._closing.set()
-        self.alarm.close()
+        self.scheduling.alarm.close()
         self.usage.close()
         with self._lock:
             self.ledger.accounting.persist(self.clock())
@@ -357,23 +354,13 @@ class JobService:
             if self._closing.is_set():
                 return
             now = self.clock()
-            scheduling, ledger = self.scheduling, self.ledger
-            running = ledger.running(now, self.elastic.lendable())
-            team = scheduling.team(self._waiting.users, now)
-            t0 = time.perf_counter()
-            decision = decide(self._waiting, running, self.capacity, team, scheduling.policies)
-            scheduling.counters.decided(time.perf_counter() - t0)
-            self._decision = decision
+            decision = self._decision = self.scheduling.decide(self._waiting, self.elastic.lendable(), now)
             for start in decision.starts:
                 self._start(start.job_id, start.workers, start.grant)
-            scheduling.preemptor.preempt(decision.preempt, decision.blocked, now)
             blocked = self._waiting.get(decision.blocked) if decision.blocked is not None else None
             self.elastic.shrink(blocked, now)
-            self.elastic.grow(decision.reserved, scheduling.headroom, now)
-            # A time-based rule (a job leaving its preemption exemption) may change the answer with no
-            # other event: decide again then (nothing armed: nothing waits for a moment).
-            self.alarm.arm(scheduling.policies.next_change(blocked, ledger.running(now), now))
-            ledger.accounting.persist_due(now)
+            self.elastic.grow(decision.reserved, self.scheduling.headroom, now)
+            self.scheduling.carry_out(decision, blocked, now)  # preemptions; the alarm, for a time-based rule
 
     @property
     def last_decision_s(self) -> float:
@@ -409,17 +396,13 @@ class JobService:
             return [p for p in page if p.job_id in self._waiting], decision.waiting if decision is not None else 0
 
     def free(self) -> dict[str, float]:
-        with self._lock:
-            return self.ledger.free()
+        return self.scheduling.free()
 
     def grants(self) -> dict[int, dict[str, Any]]:
-        with self._lock:
-            owned = self.ledger.gpus.by_job()
-            return {j: {"grant": g, "gpu_ids": owned.get(j, [])} for j, g in self.ledger.grants().items()}
+        return self.scheduling.grants()
 
     def gpu_owners(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self.ledger.gpus.owner)
+        return self.scheduling.gpu_owners()
 
     def _start(self, job_id: int, workers: int, grant: dict[str, float]) -> None:
         job = self.get(job_id)
@@ -436,7 +419,7 @@ class JobService:
         self.elastic.track(job_id, request, workers)
         self.files.clear_outcome(job_id)
         attempt = job.attempt + 1
-        self._hold(job, grant, self.clock())  # charged from now on
+        self.scheduling.hold(job, grant, self.clock())  # charged from now on
         gpu_ids, tell_gpus = self.ledger.take_gpus(job_id)
         self.tailer.track(job_id, job.events_offset)
         # Persisted before the runner exists: a server killed right after this finds the job by its id.
@@ -463,12 +446,6 @@ class JobService:
         self.store.update(job_id, JobEvent.RUNNING, {"pid": popen.pid}, state=JobState.RUNNING, pid=popen.pid,
                           pid_start_time=start_time)  # fmt: skip
         self.processes.follow(runner)
-
-    def _hold(self, job: JobRow, grant: dict[str, float], now: float, started_at: float | None = None) -> None:
-        """``job`` holds ``grant`` from ``now`` on (the ledger charges its user from now)."""
-        self.ledger.hold(job.id, grant, now, user=job.owner, priority=job.priority, preemptible=job.preemptible,
-                         started_at=started_at, preempted_at=job.preempted_at,
-                         stopping=job.state == JobState.STOPPING)  # fmt: skip
 
     def _release(self, job_id: int) -> None:
         self.ledger.release(job_id, self.clock())  # charged up to now

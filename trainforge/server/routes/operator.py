@@ -104,9 +104,9 @@ class ServerCollector:
         yield gauge("scheduler_last_decision_seconds", "How long the latest decision took.", [],
                     {(): counters.last_decision_s})  # fmt: skip
         yield gauge("scheduler_alarm_armed", "1 while a time-based rule waits for a moment to decide again.", [],
-                    {(): 0.0 if s.alarm.at is None else 1.0})  # fmt: skip
+                    {(): 0.0 if scheduling.alarm.at is None else 1.0})  # fmt: skip
         fired = CounterMetricFamily("trainforge_scheduler_alarm_fired", "Decisions the scheduler's alarm made.")
-        fired.add_metric([], float(s.alarm.fired))
+        fired.add_metric([], float(scheduling.alarm.fired))
         yield fired
         for name, doc, counts in (("job_submissions", "Jobs submitted since the server started.", counters.submissions),
                                   ("job_preemptions", "Jobs preempted since the server started.", counters.preemptions)):  # fmt: skip

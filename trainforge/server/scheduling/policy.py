@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from trainforge.server.scheduling.decision import Pending
@@ -119,7 +119,7 @@ class PolicySet:
     def __contains__(self, name: object) -> bool:
         return any(p.name == name for p in self.policies)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Policy]:
         return iter(self.policies)
 
     def get(self, name: str) -> Policy | None:
