@@ -152,3 +152,40 @@ def test_max_running_is_one_line_of_configuration_and_get_queue_and_the_cli_show
         assert "trainforge_policy_max_running_jobs 1.0" in metrics and 'trainforge_user_running_jobs{user="admin"} 1.0' in metrics
     finally:
         api.close()
+
+
+running_jobs = st.lists(st.tuples(st.integers(0, 2), st.booleans(), st.floats(0, 100), st.none() | st.floats(0, 100),
+                                  st.sampled_from([1.0, 2.0, 3.0])), min_size=1, max_size=6)  # fmt: skip
+
+
+@settings(deadline=None)
+@given(jobs_=running_jobs, need=st.sampled_from([1.0, 2.0, 4.0]), exempt=st.floats(0, 60), cooldown=st.floats(0, 120))
+def test_following_next_change_preempts_at_the_first_moment_preemption_is_possible(jobs_, need, exempt, cooldown):
+    """With no other event, the server decides again at each moment :meth:`Preemption.next_change`
+    names (its alarm): an urgent job then preempts no later than the first moment, on a 0.5 s grid,
+    at which a decision would preempt for it."""
+    capacity = {"CPU": sum(j[4] for j in jobs_)}  # full: the urgent job lacks CPUs
+    urgent = _job(99, "bob", cpus=need, priority=5)
+    policies = PolicySet([build("priority"), Preemption(exempt, cooldown)])
+
+    def running_at(t: float) -> list[RunningJob]:
+        return [RunningJob(i, {"CPU": cpus}, priority=prio, preemptible=pre, run_s=run + t,
+                           since_preempted_s=None if since is None else since + t)
+                for i, (prio, pre, run, since, cpus) in enumerate(jobs_)]  # fmt: skip
+
+    def preempts(t: float) -> bool:
+        return bool(decide([urgent], running_at(t), capacity, Team(), policies).preempt)
+
+    first = next((i * 0.5 for i in range(0, 400) if preempts(i * 0.5)), None)
+    now: float | None = 0.0
+    for _ in range(len(jobs_) * 2 + 2):  # each alarm lets at least one job out of its bounds
+        assert now is not None
+        if preempts(now):
+            break
+        at = policies.next_change(urgent, running_at(now), now)
+        now = None if at is None else at + 0.01  # the alarm fires just after the moment, as the server's
+        if now is None:
+            break
+    if first is None:
+        return
+    assert now is not None and preempts(now) and now <= first + 0.01
