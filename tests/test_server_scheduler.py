@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainforge.server.scheduling.rule import JobRequest, Pending, check_fits, decide, free_resources
+from trainforge.server.scheduling.decision import Pending
+from trainforge.server.scheduling.rule import JobRequest, check_fits, decide, free_resources
 
 KINDS = ("CPU", "GPU", "memory")
 CAPACITY = {"CPU": 8.0, "GPU": 2.0, "memory": 16.0}

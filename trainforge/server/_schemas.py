@@ -26,7 +26,7 @@ from trainforge._internal.http import json_safe
 from trainforge._internal.json_depth import shallow
 from trainforge.client._states import JobEvent, JobState
 from trainforge.registry import NAME_PATTERN
-from trainforge.server.scheduling.rule import Pending
+from trainforge.server.scheduling.decision import Pending
 from trainforge.server.store.database import JobRow
 from trainforge.server.team.users import NAME_PATTERN as USER_NAME_PATTERN
 

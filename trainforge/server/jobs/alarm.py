@@ -18,7 +18,6 @@ from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Alarm"]
 
 _SLACK_S = 0.01  # fire this long after the moment: the rule reads "at least exempt_s", never just under
 

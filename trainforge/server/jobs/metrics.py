@@ -9,8 +9,6 @@ import collections
 import threading
 from collections.abc import Iterable
 
-__all__ = ["DECISION_BUCKETS", "Histogram", "SchedulerCounters"]
-
 # Decision-time buckets (seconds): a decision takes about a millisecond with 10,000 queued jobs.
 DECISION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 

@@ -17,7 +17,6 @@ from trainforge.server.store.database import JobStore
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Preemptor"]
 
 
 class Preemptor:

@@ -33,8 +33,6 @@ from trainforge.server.scheduling.waiting import WaitingQueue
 from trainforge.server.store.database import JobRow, JobStore
 from trainforge.server.team.users import ADMIN, UserBook
 
-__all__ = ["Scheduling"]
-
 
 class Scheduling:
     """See the module docstring. ``capacity``: the service's (it may change it in place);

@@ -51,12 +51,8 @@ from trainforge.server.jobs.sandboxes import JobSandboxes, server_start_env
 from trainforge.server.jobs.scheduling import Scheduling
 from trainforge.server.jobs.tailer import EventsTailer, Sized
 from trainforge.server.jobs.usage import UsageSampler
-from trainforge.server.scheduling.rule import (
-    Decision,
-    JobRequest,
-    Pending,
-    check_fits,
-)
+from trainforge.server.scheduling.decision import Decision, Pending
+from trainforge.server.scheduling.rule import JobRequest, check_fits
 from trainforge.server.scheduling.team_policy import TeamPolicy
 from trainforge.server.scheduling.waiting import WaitingQueue
 from trainforge.server.store.database import JobRow, JobStore

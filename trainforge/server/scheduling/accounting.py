@@ -22,8 +22,6 @@ from typing import Protocol
 
 from trainforge.server.scheduling.resources import dominant_share
 
-__all__ = ["PERSIST_S", "Accounting", "UsageStore"]
-
 PERSIST_S = 30.0
 
 

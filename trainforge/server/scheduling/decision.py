@@ -10,8 +10,6 @@ from typing import Protocol
 
 from trainforge.server.scheduling.resources import amount_text
 
-__all__ = ["REASONS", "Decision", "LazyReasons", "Pending", "Start"]
-
 REASONS = ("held", "resources", "reserved", "quota", "max_running")
 """The reasons a job waits that the server's own rules and policies give (a policy of one's own may
 add its name)."""

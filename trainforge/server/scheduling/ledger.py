@@ -24,8 +24,6 @@ from trainforge.server.scheduling.gpus import GpuOwners
 from trainforge.server.scheduling.resources import Resources, add, free_resources
 from trainforge.server.scheduling.sharing import RunningJob
 
-__all__ = ["Holding", "ResourceLedger"]
-
 
 @dataclasses.dataclass
 class Holding:

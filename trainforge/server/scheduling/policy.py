@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from trainforge.server.scheduling.rule import JobRequest
     from trainforge.server.scheduling.waiting import WaitingQueue
 
-__all__ = ["Gauge", "Policy", "PolicySet", "TeamView"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-__all__ = ["EPS", "Resources", "add", "amount_text", "dominant_share", "free_resources", "lacking"]
-
 Resources = Mapping[str, float]
 """Amounts by resource kind: ``{"CPU": 4, "GPU": 1, "memory": 8e9, "my_custom": 2}``."""
 

@@ -76,16 +76,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from trainforge._internal.resources import MIN_CPU_PER_WORKER, charge
-from trainforge.server.scheduling import policies as _policies
-from trainforge.server.scheduling.decision import Decision, Pending, Start
+from trainforge.server.scheduling.decision import Decision, Start
+from trainforge.server.scheduling.policies import from_team
 from trainforge.server.scheduling.policy import PolicySet
 from trainforge.server.scheduling.resources import EPS, Resources, add, amount_text, free_resources, lacking
 from trainforge.server.scheduling.scan import Scan, Tail
 from trainforge.server.scheduling.sharing import RunningJob, Team
 from trainforge.server.scheduling.waiting import WaitingQueue
-
-__all__ = ["Decision", "JobRequest", "Pending", "RunningJob", "Start", "Team", "WaitingQueue", "check_fits", "decide",
-           "free_resources", "order"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,7 +221,7 @@ def decide(queue: Sequence[JobRequest] | WaitingQueue, running: Sequence[Resourc
     without ``policies``, those the team stands for, :func:`trainforge.server.scheduling.policies.from_team`).
     A :class:`WaitingQueue` (what the server keeps) spares the sort and the grouping of its jobs."""
     if policies is None and team is not None:
-        policies = _policies.from_team(team)
+        policies = from_team(team)
     grants = [r.grant if isinstance(r, RunningJob) else r for r in running]
     held: dict[str, dict[str, float]] = {}
     counts: dict[str, int] = {}

@@ -15,7 +15,6 @@ from trainforge.server.scheduling.sharing import Team
 if TYPE_CHECKING:
     from trainforge.server.scheduling.rule import JobRequest
 
-__all__ = ["Scan", "Tail"]
 
 _NO_POLICIES = PolicySet()
 _NO_TEAM = Team()

@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping
 
 from trainforge.server.scheduling.resources import Resources
 
-__all__ = ["RunningJob", "Team", "usage_ratios"]
 
 @dataclasses.dataclass(frozen=True)
 class RunningJob:

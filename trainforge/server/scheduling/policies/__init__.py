@@ -15,8 +15,6 @@ from trainforge.server.scheduling.policies.quota import Quota
 from trainforge.server.scheduling.policy import Policy, PolicySet
 from trainforge.server.scheduling.sharing import Team
 
-__all__ = ["DEFAULT_POLICIES", "REGISTRY", "Settings", "build", "build_all", "from_team"]
-
 DEFAULT_POLICIES = ("priority", "quota", "fair_share", "preemption")
 """What a server schedules with unless told otherwise."""
 

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from trainforge.server.scheduling.sharing import Team
     from trainforge.server.scheduling.waiting import WaitingQueue
 
-__all__ = ["FairShare", "fair_order"]
 
 
 class FairShare(Policy):

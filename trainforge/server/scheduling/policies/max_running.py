@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from trainforge.server.scheduling.rule import JobRequest
     from trainforge.server.scheduling.sharing import Team
 
-__all__ = ["MaxRunning"]
 
 
 class MaxRunning(Policy):

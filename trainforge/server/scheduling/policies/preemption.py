@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from trainforge.server.scheduling.rule import JobRequest
     from trainforge.server.scheduling.sharing import RunningJob, Team
 
-__all__ = ["Preemption", "victims"]
 
 
 class Preemption(Policy):

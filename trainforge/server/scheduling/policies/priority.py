@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from trainforge.server.scheduling.sharing import Team
     from trainforge.server.scheduling.waiting import WaitingQueue
 
-__all__ = ["Priority"]
 
 
 class Priority(Policy):

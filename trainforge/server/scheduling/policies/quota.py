@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from trainforge.server.scheduling.rule import JobRequest
     from trainforge.server.scheduling.sharing import Team
 
-__all__ = ["Quota"]
 
 
 class Quota(Policy):
