@@ -102,8 +102,7 @@ class Elastic:
         return {job_id: {k: (workers - request.min_workers) * v for k, v in request.per_worker.items()}
                 for job_id, (request, workers) in self.shapes.items() if workers > request.min_workers}  # fmt: skip
 
-    def grow(self, reserved: set[str], headroom: Callable[[int], dict[str, float] | None] | None = None,
-             now: float = 0.0) -> None:  # fmt: skip
+    def grow(self, reserved: set[str], headroom: Callable[[int], dict[str, float] | None] | None, now: float) -> None:
         """Running elastic jobs below their maximum take free resources that no waiting job lacks:
         their grant file grows, and the core resizes the group at its next checkpoint (it re-reads
         the file at every sizing decision). Growing only into what no waiting job lacks

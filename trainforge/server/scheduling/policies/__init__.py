@@ -5,6 +5,7 @@ policy")."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 
 from trainforge.server.scheduling.policies.fair_share import FairShare
@@ -19,11 +20,13 @@ DEFAULT_POLICIES = ("priority", "quota", "fair_share", "preemption")
 """What a server schedules with unless told otherwise."""
 
 
+@dataclasses.dataclass(frozen=True)
 class Settings:
-    """What the built-in policies take from the server's configuration (the preemption bounds)."""
+    """What the built-in policies take from the server's configuration when their name comes without
+    arguments: the preemption bounds (``TeamPolicy.preempt_exempt_s``/``preempt_cooldown_s``)."""
 
-    def __init__(self, exempt_s: float = 60.0, cooldown_s: float = 600.0):
-        self.exempt_s, self.cooldown_s = exempt_s, cooldown_s
+    exempt_s: float = 60.0
+    cooldown_s: float = 600.0
 
 
 def _no_args(cls: Callable[[], Policy]) -> Callable[[str | None, Settings], Policy]:
