@@ -98,12 +98,12 @@ def test_the_ledger_keeps_who_holds_what_and_the_gpus_by_id():
     assert ledger.holdings() == {"ann": {"CPU": 1.0, "GPU": 2.0}, "bob": {"CPU": 1.0}}
     assert ledger.held_by("ann") == {"CPU": 1.0, "GPU": 2.0} and ledger.gpu_ids(1) == ["0", "1"]
     ledger.resize(1, {"CPU": 1.0, "GPU": 1.0}, 6.0, gpu_ids=["0"])
-    assert ledger.gpus.owner == {"0": 1}
+    assert ledger.gpu_owners() == {"0": 1}
     ledger.preempted(1, 7.0)
     running = {r.job_id: r for r in ledger.running(10.0)}
     assert running[1].stopping and running[1].since_preempted_s == 3.0 and running[1].run_s == 10.0
     assert running[2].run_s == 7.0 and not running[2].stopping and running[2].user == "bob"
     ledger.rename("bob", "bob (removed)")
     ledger.release(1, 10.0)
-    assert ledger.owners() == {2: "bob (removed)"} and ledger.gpus.owner == {}
+    assert ledger.owners() == {2: "bob (removed)"} and ledger.gpu_owners() == {}
     assert set(ledger.usage(10.0)) == {"ann", "bob (removed)"}

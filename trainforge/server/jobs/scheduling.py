@@ -170,12 +170,12 @@ class Scheduling:
     def grants(self) -> dict[int, dict[str, Any]]:
         """Each running job's grant and GPU ids."""
         with self._lock:
-            owned = self.ledger.gpus.by_job()
+            owned = self.ledger.gpus_by_job()
             return {j: {"grant": g, "gpu_ids": owned.get(j, [])} for j, g in self.ledger.grants().items()}
 
     def gpu_owners(self) -> dict[str, int]:
         with self._lock:
-            return dict(self.ledger.gpus.owner)
+            return self.ledger.gpu_owners()
 
     def holdings(self) -> dict[str, dict[str, float]]:
         """What each user's running jobs hold, by kind."""

@@ -148,6 +148,14 @@ class ResourceLedger:
         """The GPUs ``job_id`` holds, in order."""
         return self.gpus.by_job().get(job_id, [])
 
+    def gpu_owners(self) -> dict[str, int]:
+        """GPU id -> the job holding it (a copy)."""
+        return dict(self.gpus.owner)
+
+    def gpus_by_job(self) -> dict[int, list[str]]:
+        """Job id -> the GPUs it holds, in order."""
+        return self.gpus.by_job()
+
     def usage(self, now: float) -> dict[str, float]:
         """Each user's decayed usage as of ``now``, what their jobs hold until ``now`` included."""
         return self.accounting.usage(now)
