@@ -71,7 +71,7 @@ class NoRunner:
         s = self.service
         job = s.get(job_id)
         s._waiting.pop(job_id)  # as _start: the job no longer waits, and holds its grant
-        s._grants[job_id] = dict(grant)
+        s.scheduling.hold(job, grant, time.time())
         s.store.update(
             job_id, "running", {"workers": workers, "grant": grant, "fake": True}, state=JobState.RUNNING, grant=grant,
             workers=workers, attempt=job.attempt + 1, started_at=time.time(), ended_at=None, pid=None,

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import examples
 
-from trainforge.server.scheduling.rule import JobRequest, Pending, check_fits, decide, free_resources
+from trainforge.server.scheduling.decision import Pending
+from trainforge.server.scheduling.rule import JobRequest, check_fits, decide, free_resources
 
 KINDS = ("CPU", "GPU", "memory")
 CAPACITY = {"CPU": 8.0, "GPU": 2.0, "memory": 16.0}
@@ -194,13 +195,14 @@ def test_bad_requests_name_the_field(kwargs, field):
 def test_stopping_the_scan_early_changes_nothing(queue, running_share, zero):
     """decide() stops walking the queue once nothing more can start and works out the remaining
     reasons lazily; the answer must be exactly that of walking the whole queue."""
-    from trainforge.server.scheduling.rule import _order, _Scan
+    from trainforge.server.scheduling.rule import order
+    from trainforge.server.scheduling.scan import Scan
 
     if zero:  # a job asking for nothing can start even when everything is reserved
         queue = [*queue, JobRequest(job_id=999, seq=999, per_worker={}, min_workers=1)]
     running = [{"CPU": 2.0 * running_share, "GPU": float(running_share % 3)}]
-    ordered = _order(queue)
-    full = _Scan(ordered, free_resources(CAPACITY, running))
+    ordered = order(queue)
+    full = Scan(ordered, free_resources(CAPACITY, running))
     full.run(0, stop_when_saturated=False)
     decision = decide(queue, running, CAPACITY)
     # read before the lazy reasons are worked out: the first job lacking resources, found either way
@@ -249,10 +251,11 @@ def test_a_page_or_one_reason_is_that_of_the_whole_list(queue, running_share, ze
     each must be exactly what the whole list says."""
     if zero:
         queue = [*queue, JobRequest(job_id=999, seq=data.draw(st.integers(0, 30)), per_worker={}, min_workers=1)]
-    from trainforge.server.scheduling.rule import _order, _Scan
+    from trainforge.server.scheduling.rule import order
+    from trainforge.server.scheduling.scan import Scan
 
     running = [{"CPU": 2.0 * running_share, "GPU": float(running_share % 3)}]
-    full = _Scan(_order(queue), free_resources(CAPACITY, running))  # the whole queue walked, no lazy part
+    full = Scan(order(queue), free_resources(CAPACITY, running))  # the whole queue walked, no lazy part
     full.run(0, stop_when_saturated=False)
     whole = full.pending
     assert decide(queue, running, CAPACITY).pending == whole

@@ -16,20 +16,28 @@ from hypothesis import strategies as st
 from hypothesis_profiles import examples
 
 from trainforge.server.scheduling.accounting import Accounting
+from trainforge.server.scheduling.policies import from_team
+from trainforge.server.scheduling.resources import dominant_share
 from trainforge.server.scheduling.rule import (
     JobRequest,
     RunningJob,
     Team,
     WaitingQueue,
-    _order,
-    _Scan,
     check_fits,
     decide,
     free_resources,
 )
-from trainforge.server.scheduling.sharing import dominant_share
+from trainforge.server.scheduling.rule import order as order_jobs
+from trainforge.server.scheduling.scan import Scan
 
 USERS = ("ann", "bob", "cat")
+
+
+def _order(queue, team, capacity):
+    """The queue in the order a decision takes it, with the policies ``team`` stands for."""
+    return order_jobs(queue, from_team(team), team)
+
+
 KINDS = ("CPU", "GPU")
 CAPACITY = {"CPU": 8.0, "GPU": 2.0}
 
@@ -217,8 +225,8 @@ def test_the_answer_does_not_depend_on_the_order_jobs_are_given_in(data, team, s
 def test_stopping_the_scan_early_changes_nothing_with_quotas_and_fair_share(data, team):
     queue = data.draw(queues(n_max=20, quotas=dict(team.quotas)))
     running = [RunningJob(1, {"CPU": 2.0}, user="ann")]
-    full = _Scan(_order(queue, team, CAPACITY), free_resources(CAPACITY, [{"CPU": 2.0}]), team.quotas,
-                 {"ann": {"CPU": 2.0}} if team.quotas else {})  # fmt: skip
+    full = Scan(_order(queue, team, CAPACITY), free_resources(CAPACITY, [{"CPU": 2.0}]), from_team(team), team,
+                {"ann": {"CPU": 2.0}} if team.quotas else {}, {"ann": 1} if team.quotas else {})  # fmt: skip
     full.run(0, stop_when_saturated=False)
     decision = decide(queue, running, CAPACITY, team)
     assert decision.blocked == full.blocked
@@ -241,8 +249,8 @@ def test_a_waiting_queue_pages_and_single_reasons_agree_with_the_whole_list(data
         waiting.put(job)
     expected = decide(queue, running, CAPACITY, team)
     assert decide(waiting, running, CAPACITY, team) == expected
-    full = _Scan(_order(queue, team, CAPACITY), free_resources(CAPACITY, [{"CPU": 2.0}]), team.quotas,
-                 {"ann": {"CPU": 2.0}} if team.quotas else {})  # fmt: skip
+    full = Scan(_order(queue, team, CAPACITY), free_resources(CAPACITY, [{"CPU": 2.0}]), from_team(team), team,
+                {"ann": {"CPU": 2.0}} if team.quotas else {}, {"ann": 1} if team.quotas else {})  # fmt: skip
     full.run(0, stop_when_saturated=False)  # the whole queue walked, no lazy part
     whole = full.pending
     offset, limit = data.draw(st.integers(0, len(whole))), data.draw(st.integers(1, 6))

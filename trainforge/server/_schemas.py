@@ -26,7 +26,7 @@ from trainforge._internal.http import json_safe
 from trainforge._internal.json_depth import shallow
 from trainforge.client import JobEvent, JobState
 from trainforge.registry import NAME_PATTERN
-from trainforge.server.scheduling.rule import Pending
+from trainforge.server.scheduling.decision import Pending
 from trainforge.server.store.database import JobRow
 from trainforge.server.team.users import NAME_PATTERN as USER_NAME_PATTERN
 
@@ -133,7 +133,8 @@ class JobSpecIn(BaseModel):
 
 
 class PendingOut(BaseModel):
-    reason: Literal["held", "resources", "reserved", "quota"]
+    reason: str = Field(description="held, resources, reserved, quota, or the name of the scheduling policy that "
+                                    "holds the job back (max_running: its user runs as many jobs as they may)")
     position: int | None
     text: str
     need: dict[str, float] = Field(default_factory=dict)
@@ -238,6 +239,9 @@ class ResourcesOut(BaseModel):
     jobs: dict[str, dict[str, Any]] = Field(description="job id -> its grant and GPU ids")
     gpus: dict[str, int] = Field(description="GPU id -> the job holding it")
     decision_ms: float
+    policies: list[dict[str, str]] = Field(
+        default_factory=list, description="the scheduling policies, in order: name and what each does"
+    )
 
 
 class HealthOut(BaseModel):

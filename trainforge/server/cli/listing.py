@@ -112,6 +112,10 @@ def resources_command(args: Any) -> int:
     for job_id, g in sorted(res["jobs"].items(), key=lambda kv: int(kv[0])):
         gpus = f" GPUs {','.join(g['gpu_ids'])}" if g["gpu_ids"] else ""
         print(f"  job {job_id}: {fmt_resources(g['grant'])}{gpus}")
+    if res.get("policies"):
+        print("scheduling policies:")
+        for policy in res["policies"]:
+            print(f"  {policy['name']}: {policy['description']}")
     return 0
 
 

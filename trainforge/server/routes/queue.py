@@ -51,7 +51,7 @@ def resources(service: Service) -> ResourcesOut:
     return ResourcesOut(
         capacity=service.capacity, granted=granted, free=service.free(),
         jobs={str(j): g for j, g in grants.items()}, gpus=service.gpu_owners(),
-        decision_ms=service.last_decision_s * 1e3,
+        decision_ms=service.last_decision_s * 1e3, policies=service.scheduling.describe(),
     )  # fmt: skip
 
 
