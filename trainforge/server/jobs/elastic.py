@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from trainforge.client._states import JobEvent
+from trainforge.client import JobEvent
 from trainforge.server.jobs.files import JobFiles
 from trainforge.server.jobs.tailer import Sized
 from trainforge.server.scheduling.ledger import ResourceLedger

@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
-from trainforge.client._states import JobEvent, JobState
+from trainforge.client import JobEvent, JobState
 from trainforge.server.scheduling.ledger import ResourceLedger
 from trainforge.server.store.database import JobStore
 

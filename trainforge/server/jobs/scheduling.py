@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from trainforge.client._states import JobState
+from trainforge.client import JobState
 from trainforge.server.jobs.alarm import Alarm
 from trainforge.server.jobs.metrics import SchedulerCounters
 from trainforge.server.jobs.preemption import Preemptor

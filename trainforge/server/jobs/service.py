@@ -37,7 +37,7 @@ from typing import Any
 import psutil
 
 from trainforge._internal.state_files import write_atomic
-from trainforge.client._states import ACTIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobEvent, JobState
+from trainforge.client import ACTIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobEvent, JobState
 from trainforge.server._crash import crash_point
 from trainforge.server.isolation.config import IsolationConfig
 from trainforge.server.isolation.mechanism import Isolation
