@@ -9,7 +9,10 @@
 #                                                 instance per process and Playwright's event loop, so
 #                                                 they run in one process, in conftest.py's order)
 #   bash scripts/test.sh --quick      the edit loop (<= 3 min): the same checks and the unit tests, those
-#                                     conftest.py marks `quick` (not slow, not serial), on xdist workers
+#                                     conftest.py marks `quick` (not slow, not serial), on xdist workers,
+#                                     Hypothesis's `quick` profile (<= 15 examples a property). Measured
+#                                     (pytest alone, issue 35): 2 min 1 s of CPU for ~1,200 tests; 5 min 22 s
+#                                     of wall time on 2 cores that other runs loaded (load average 7-9)
 #   bash scripts/test.sh [--quick] PYTEST_ARGS...
 #                                     extra pytest arguments for every lane, e.g. -x, -k expr, a file:
 #                                     a lane that then selects no test passes
@@ -37,10 +40,13 @@ workers="${TEST_WORKERS:-3}"
 # pytest's exit code 5 ("no tests collected") is a pass: an argument may select nothing in one lane.
 lane() { "$@" || { code=$?; [ "$code" = 5 ] && return 0; return "$code"; }; }
 pytest=(.venv/bin/python -m pytest -ra --max-worker-restart=0)
+# Hypothesis: a few examples a property in the edit loop, each property's full count in CI's lanes
+# (tests/hypothesis_profiles.py).
 if [ "$quick" = 1 ]; then
-  lane "${pytest[@]}" -q -n 2 --dist worksteal -m quick "$@"
+  HYPOTHESIS_PROFILE=quick lane "${pytest[@]}" -q -n 2 --dist worksteal -m quick "$@"
   exit 0
 fi
+export HYPOTHESIS_PROFILE=thorough
 # The lanes run one after the other: the serial lane's Ray tests fail on their timeouts when the
 # parallel lane keeps the CPUs busy beside them (measured: nice did not save them). `timeout` ends a
 # lane that hangs past any test's timeout.

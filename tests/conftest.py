@@ -17,6 +17,10 @@ one process), while the rest run on parallel xdist workers (``pytest -n N -m "no
 ``quick`` marks the unit tests of the edit loop (``scripts/test.sh --quick``): not ``slow``, not
 serial, and not in a module of real multi-process runs (``SLOW_MODULES``).
 
+Hypothesis: the profile ``$HYPOTHESIS_PROFILE`` names is loaded here (tests/hypothesis_profiles.py):
+``quick`` (a few examples a property; ``scripts/test.sh --quick`` sets it) or ``thorough`` (each
+property's full count; the default, and the full suite's lanes).
+
 Processes: every test fails if it leaves a child process behind (``_no_leftover_processes``, per
 process, so per xdist worker). The run tags its environment (``$TRAINFORGE_TEST_RUN``, inherited by
 all it starts); at the end the controller kills and names any tagged process still alive.
@@ -27,9 +31,12 @@ from __future__ import annotations
 import os
 import sys
 
+import hypothesis_profiles
 import pytest
 
 from trainforge._testing import procs
+
+hypothesis_profiles.load()
 
 # Ray turns a 127.0.0.1 node address into the machine's reachable IP unless clusters are "disabled";
 # with this, every Ray process of the tests binds to 127.0.0.1 only.

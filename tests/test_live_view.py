@@ -125,7 +125,7 @@ class _JobWithLateReports:
         self.submitted, self.output_ended = None, False
 
     def status(self):
-        from trainforge.client._client import JobStatus
+        from trainforge.client import JobStatus
 
         if self.output_ended:  # follow() asks once the output has ended; the reports are still coming
             self.asked.set()

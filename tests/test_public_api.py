@@ -11,6 +11,7 @@ import pytest
 
 import trainforge
 import trainforge.backend
+import trainforge.client
 import trainforge.model
 import trainforge.registry
 import trainforge.serve
@@ -63,6 +64,20 @@ def test_backend_all_is_pinned():
     ]  # fmt: skip
 
 
+def test_client_all_is_pinned():
+    assert trainforge.client.__all__ == [
+        "ACTIVE_STATES", "BadResponseError", "Client", "ClientConfigError", "ClientError", "InvalidJobError", "Job",
+        "JobConflictError", "JobEvent", "JobNotFoundError", "JobState", "JobStatus", "JobTimeoutError", "ServerError",
+        "ServerNotFoundError", "ServerTimeoutError", "TERMINAL_STATES", "WAITING_STATES", "discover",
+    ]  # fmt: skip
+    from trainforge import server
+
+    # the server re-exports the client's names it had before the client was a package: the same objects
+    for name in ("Client", "InvalidJobError", "Job", "JobConflictError", "JobNotFoundError", "JobStatus",
+                 "ServerError", "ServerNotFoundError"):  # fmt: skip
+        assert getattr(server, name) is getattr(trainforge.client, name)
+
+
 def test_model_and_sgd_all_are_pinned():
     assert trainforge.model.__all__ == ["BATCH_SIZE", "BaseModel", "Data", "EarlyStopping", "KerasModel",
                                         "LightGBMModel", "LoopConfig", "Model", "ModelTrainer", "XGBoostModel"]
@@ -82,8 +97,8 @@ def test_registry_and_serve_all_are_pinned():
 
 @pytest.mark.parametrize(
     "module",
-    [trainforge, trainforge.torch, trainforge.backend, trainforge.model, trainforge.sgd, trainforge.sgd.torch,
-     trainforge.sgd.utils, trainforge.registry, trainforge.serve],
+    [trainforge, trainforge.torch, trainforge.backend, trainforge.client, trainforge.model, trainforge.sgd,
+     trainforge.sgd.torch, trainforge.sgd.utils, trainforge.registry, trainforge.serve],
     ids=lambda m: m.__name__,
 )
 def test_every_exported_name_exists(module):
@@ -106,6 +121,7 @@ def test_ray_style_names():
 def test_import_is_light():
     code = (
         "import sys, trainforge, trainforge.torch, trainforge.backend, trainforge.server, trainforge.model\n"
+        "import trainforge.client\n"
         "import trainforge.sgd, trainforge.sgd.torch, trainforge.sgd.utils, trainforge.registry, trainforge.serve\n"
         "heavy = [m for m in ('torch', 'ray', 'pandas', 'pyarrow', 'fastapi', 'uvicorn', 'httpx', 'fsspec', 's3fs')\n"
         "         if m in sys.modules]\n"
@@ -122,8 +138,8 @@ def test_the_server_client_uses_only_the_standard_library_for_http():
     code = (
         "import sys\n"
         "from trainforge.server import Client\n"
-        "from trainforge.client._client import _Http\n"
-        "_Http('http://127.0.0.1:1/api/v1', {}, 1.0)\n"
+        "from trainforge.client._http import Transport\n"
+        "Transport('http://127.0.0.1:1', prefix='/api/v1', token=None, timeout=1.0)\n"
         "import trainforge.server.cli.commands\n"
         "print('HEAVY=' + ','.join(m for m in ('httpx', 'httpcore', 'fastapi', 'uvicorn', 'pydantic') "
         "if m in sys.modules))\n"

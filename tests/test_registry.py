@@ -16,6 +16,7 @@ import textwrap
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 import trainforge
 from trainforge import Checkpoint, DataParallelTrainer, RunConfig, ScalingConfig
@@ -67,7 +68,7 @@ def test_parse_model_uri_forms_and_errors():
             parse_model_uri(bad)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(name=st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,30}\Z"),
        version=st.integers(1, 10**6), alias=st.from_regex(r"\A[a-z][a-z0-9_-]{0,20}\Z"))  # fmt: skip
 def test_a_reference_prints_as_it_parses(name, version, alias):

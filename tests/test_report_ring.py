@@ -11,6 +11,7 @@ import threading
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from trainforge._internal.worker_group import report_ring
 from trainforge._internal.worker_group.report_ring import HEADER_BYTES, RingReader, RingWriter, create_ring_fd
@@ -28,7 +29,7 @@ def _pair(size: int) -> tuple[RingWriter, RingReader]:
         os.close(fd)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     payloads=st.lists(st.binary(min_size=0, max_size=300), min_size=1, max_size=200),
     drain_every=st.integers(min_value=1, max_value=7),

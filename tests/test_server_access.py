@@ -49,7 +49,7 @@ class TeamApi(Api):
     def __init__(self, state_dir: str, capacity: dict[str, float], policy: TeamPolicy | None = None):
         super().__init__(state_dir, capacity)
         if policy is not None:
-            self.service.team.policy = policy
+            self.service.scheduling.policy = policy
         self.app, self.fastapi_app = make_app(self.service, token=TOKEN, allowed_hosts={HOST, "localhost"},
                                               scrape_token=SCRAPE)  # fmt: skip
         self.tokens = {"admin": TOKEN, "scraper": SCRAPE}
@@ -215,7 +215,7 @@ def test_a_user_added_again_under_a_removed_users_name_inherits_none_of_their_jo
     api = team({"CPU": 4.0})
     running = api.submit_as("member", per_worker={"CPU": 2})  # "member" is bob
     waiting = api.submit_as("member", hold=True)
-    before = api.service.team.accounting.usage(time.time() + 100.0)["bob"]
+    before = api.service.ledger.usage(time.time() + 100.0)["bob"]
     assert before > 0
     r = api.as_("admin", "DELETE", f"{P}/users/bob")
     assert r.status_code == 200, r.text
@@ -238,7 +238,7 @@ def test_a_user_added_again_under_a_removed_users_name_inherits_none_of_their_jo
     assert api.service.get(running["id"]).state == "RUNNING"
     # The new bob holds nothing, has used nothing, and his quota counts none of the old bob's 2 CPUs.
     assert api.as_("bob2", "GET", f"{P}/whoami").json()["holds"] == {}
-    usage = api.service.team.accounting.usage(time.time() + 100.0)
+    usage = api.service.ledger.usage(time.time() + 100.0)
     assert "bob" not in usage and usage[tombstone] >= before
     mine = api.submit_as("bob2", per_worker={"CPU": 2})
     assert mine["state"] == "RUNNING" and mine["owner"] == "bob"
@@ -249,7 +249,7 @@ def test_a_user_added_again_under_a_removed_users_name_inherits_none_of_their_jo
     # After a restart the store says the same (the removal and the new names were one transaction).
     rows = api.service.store.query("SELECT owner, COUNT(*) AS n FROM jobs GROUP BY owner ORDER BY owner")
     assert [(r["owner"], r["n"]) for r in rows] == [("bob", 1), (tombstone, 2)]
-    api.service.team.accounting.persist(time.time())
+    api.service.ledger.accounting.persist(time.time())
     assert {r["user"] for r in api.service.store.query("SELECT user FROM usage")} >= {tombstone}
 
 
@@ -368,7 +368,7 @@ def test_metrics_for_the_scrape_token_in_the_prometheus_format(team):
     assert samples[("trainforge_scheduler_decision_duration_seconds_count", ())] >= 3
     assert not any("job" in dict(labels) for _, labels in samples)  # no series per job by default
     assert api.as_("scraper", "GET", f"{P}/jobs").status_code == 403  # the scrape token reads only /metrics
-    api.service.team.policy = TeamPolicy(metrics_per_job=True)
+    api.service.scheduling.policy = TeamPolicy(metrics_per_job=True)
     families = {f.name for f in text_string_to_metric_families(api.as_("scraper", "GET", "/metrics").text)}
     assert "trainforge_job_cpu_used_cores" in families
 

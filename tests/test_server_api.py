@@ -30,6 +30,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
+from hypothesis_profiles import examples
 
 schemathesis = pytest.importorskip("schemathesis")
 pytest.importorskip("fastapi")
@@ -42,7 +43,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     status_code_conformance,
 )
 
-from trainforge.client._states import JobState  # noqa: E402
+from trainforge.client import JobState  # noqa: E402
 from trainforge.server._app import cookie_name, make_app  # noqa: E402
 from trainforge.server._config import ServerConfig, parse_resources  # noqa: E402
 from trainforge.server.jobs.runner import EVENTS_FILE, OUTPUT_FILE  # noqa: E402
@@ -70,7 +71,7 @@ class NoRunner:
         s = self.service
         job = s.get(job_id)
         s._waiting.pop(job_id)  # as _start: the job no longer waits, and holds its grant
-        s._grants[job_id] = dict(grant)
+        s.scheduling.hold(job, grant, time.time())
         s.store.update(
             job_id, "running", {"workers": workers, "grant": grant, "fake": True}, state=JobState.RUNNING, grant=grant,
             workers=workers, attempt=job.attempt + 1, started_at=time.time(), ended_at=None, pid=None,
@@ -241,7 +242,7 @@ CHECKS = [
     response_headers_conformance,
 ]
 FUZZ_SETTINGS = settings(
-    max_examples=30,
+    max_examples=examples(30),
     deadline=None,
     derandomize=True,
     database=None,
@@ -358,7 +359,7 @@ def test_stateful_sequences_follow_the_schema(tmp_path):
     # 1-3 exist in every scenario, so the walk meets existing jobs whatever the draw.
     Workflow.run(
         settings=settings(
-            max_examples=60, stateful_step_count=8, deadline=None, derandomize=True, database=None,
+            max_examples=examples(60), stateful_step_count=8, deadline=None, derandomize=True, database=None,
             suppress_health_check=list(HealthCheck),
         )
     )  # fmt: skip
@@ -753,6 +754,7 @@ def test_series_range_and_its_errors(api):
     assert part["series"]["x"]["t"][-1] == 509.0 and (part["start"], part["end"]) == (500, 509)
     bad = api.get(f"{P}/jobs/{jid}/series", params={"start": 10, "end": 5})
     assert bad.status_code == 422 and "end=5 is before start=10" in _error_text(bad)
+    assert bad.json()["detail"][0]["loc"] == ["query", "end"]  # the schema's shape of a 422, as every other 422
 
 
 def test_series_and_metrics_say_which_attempt_each_report_is_of(api):

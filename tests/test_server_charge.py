@@ -123,7 +123,7 @@ def test_zero_cpu_workers_count_against_their_users_quota_holdings_and_usage(mak
     assert [c[0] for c in api.starts.calls] == [ids[0], ann]
     # Fair share charges what they hold: the dominant share of 0.8 of 4 CPUs, 0.2 a second each.
     now = time.time()
-    usage = api.service.team.accounting.usage(now + 1000.0)
+    usage = api.service.ledger.usage(now + 1000.0)
     assert usage["bob"] == pytest.approx(usage["ann"], rel=0.01) and usage["bob"] == pytest.approx(200.0, rel=0.01)
     r = api.as_("member", "POST", f"{P}/jobs", json={"kind": "script", "path": "t.py", "per_worker": {}, "workers": 11})
     assert r.status_code == 422, r.text  # 1.1 CPU: more than bob's quota even with nothing else running

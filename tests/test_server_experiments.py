@@ -325,3 +325,60 @@ def test_trials_a_server_before_tunes_names_stored_are_read_in_them(tmp_path):
                       "s": "ERROR"}  # fmt: skip
     assert {k: trial_state({"queued": None, "running": JobState.RUNNING}.get(v[0], JobState.STOPPED), v[1]).value
             for k, v in old.items() if k not in ("e",)} == {k: v for k, v in states.items() if k != "e"}  # the one rule's
+def test_reading_an_experiment_writes_nothing_its_trials_are_written_as_their_jobs_change(api, monkeypatch):
+    """Every GET of the Experiments API only reads; the trial took its report in when the job's events
+    were read in (the tailer's write), and its end when its job ended."""
+    job = _trial(api, "a", {"x": 0.1, "lr": 0.01}, [1.0, 0.8])
+    store = api.service.store
+    writes: list[object] = []
+    commit = store._transaction
+
+    def counted(work):
+        writes.append(work)
+        return commit(work)
+
+    monkeypatch.setattr(store, "_transaction", counted)
+    reads = ("", "/1", "/1/trials", "/1/decisions", "/1/history", "/1/curves")
+    for path in reads:
+        assert api.get(f"{P}/experiments{path}").status_code == 200, path
+    assert writes == [] and _trials(api)["a"]["iterations"] == 2
+    _report(api, job, [0.5], start=2)
+    assert len(writes) == 2  # the job's events offset, then its trial's numbers: where the report arose
+    writes.clear()
+    assert (_trials(api)["a"]["iterations"], _trials(api)["a"]["last"]) == (3, 0.5)
+    api.post(f"{P}/jobs/{job}/stop")
+    writes.clear()
+    assert _trials(api)["a"]["ended_at"] is not None and writes == []
+    for path in reads:
+        assert api.get(f"{P}/experiments{path}").status_code == 200, path
+    assert writes == []
+
+
+def test_trial_jobs_a_stopped_server_had_not_taken_in_are_taken_in_when_it_starts(tmp_path):
+    """A trial job committed while no experiments followed the store (a server stopped between a job's
+    commit and its trial's) is taken in, with its reports, when the server starts again."""
+    from trainforge.server.store.database import JobStore
+
+    state = str(tmp_path / "state")
+    first = Api(state, {"CPU": 8.0})
+    _trial(first, "a", {"x": 0.1}, [1.0])
+    first.close()
+    store = JobStore(os.path.join(state, "state.db"))
+    job, _ = store.add_job(name="asha/objective_b", kind="script",
+                           spec={"kind": "script", "path": "train.py", "config": {"x": 0.7},
+                                 "experiment": {**TAG, "trial_id": "b"}})  # fmt: skip
+    path = os.path.join(first.service.job_dir(job.id), EVENTS_FILE)
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:  # it reported twice, and the tailer read that in
+        for i, loss in enumerate([0.4, 0.3]):
+            f.write(json.dumps({"type": "report", "index": i, "t": 1000.0 + i, "metrics": {"loss": loss}}) + "\n")
+    store.update(job.id, events_offset=os.path.getsize(path))
+    store.close()
+    again = Api(state, {"CPU": 8.0})
+    try:
+        trials = _trials(again)
+        assert sorted(trials) == ["a", "b"] and trials["b"]["config"] == {"x": 0.7}
+        assert (trials["b"]["iterations"], trials["b"]["best"], trials["b"]["job"]) == (2, 0.3, job.id)
+        assert trials["a"]["iterations"] == 1
+    finally:
+        again.close()

@@ -16,7 +16,7 @@ import pytest
 
 import trainforge
 from trainforge import DataParallelTrainer, RunConfig, ScalingConfig
-from trainforge.client._discovery import discover
+from trainforge.client import discover
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("fastapi")

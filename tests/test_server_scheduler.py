@@ -9,8 +9,10 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
-from trainforge.server.scheduling.rule import JobRequest, Pending, check_fits, decide, free_resources
+from trainforge.server.scheduling.decision import Pending
+from trainforge.server.scheduling.rule import JobRequest, check_fits, decide, free_resources
 
 KINDS = ("CPU", "GPU", "memory")
 CAPACITY = {"CPU": 8.0, "GPU": 2.0, "memory": 16.0}
@@ -42,7 +44,7 @@ def _total(grants) -> dict[str, float]:
     return {k: sum(g.get(k, 0.0) for g in grants) for k in KINDS}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(queue=jobs(), running_share=st.integers(0, 4))
 def test_never_grants_more_than_capacity_and_gangs_are_whole(queue, running_share):
     running = [{"CPU": float(running_share), "GPU": float(running_share % 3 == 1)}]
@@ -60,7 +62,7 @@ def test_never_grants_more_than_capacity_and_gangs_are_whole(queue, running_shar
     assert sorted(ids) == sorted(by_id)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(queue=jobs(), seed=st.integers(0, 2**32 - 1))
 def test_the_answer_does_not_depend_on_the_order_jobs_are_given_in(queue, seed):
     shuffled = list(queue)
@@ -68,7 +70,7 @@ def test_the_answer_does_not_depend_on_the_order_jobs_are_given_in(queue, seed):
     assert decide(queue, [], CAPACITY) == decide(shuffled, [], CAPACITY)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(queue=jobs(), running_cpu=st.integers(0, 6))
 def test_a_started_job_needs_no_kind_an_earlier_waiting_job_lacks(queue, running_cpu):
     decision = decide(queue, [{"CPU": float(running_cpu)}], CAPACITY)
@@ -88,7 +90,7 @@ def test_a_started_job_needs_no_kind_an_earlier_waiting_job_lacks(queue, running
         assert first.job_id in started
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(queue=jobs(), ends=st.randoms(use_true_random=False))
 def test_no_job_waits_forever(queue, ends):
     """Jobs end one at a time (in any order): every job that is not held starts within as many
@@ -107,7 +109,7 @@ def test_no_job_waits_forever(queue, ends):
     assert waiting == []
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(queue=jobs())
 def test_every_waiting_job_has_a_reason_and_a_place(queue):
     decision = decide(queue, [{"CPU": 4.0}], CAPACITY)
@@ -188,18 +190,19 @@ def test_bad_requests_name_the_field(kwargs, field):
         JobRequest(**{"job_id": 1, "seq": 0, "per_worker": {"CPU": 1}, **kwargs})
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(queue=jobs(n_max=20), running_share=st.integers(0, 4), zero=st.booleans())
 def test_stopping_the_scan_early_changes_nothing(queue, running_share, zero):
     """decide() stops walking the queue once nothing more can start and works out the remaining
     reasons lazily; the answer must be exactly that of walking the whole queue."""
-    from trainforge.server.scheduling.rule import _order, _Scan
+    from trainforge.server.scheduling.rule import order
+    from trainforge.server.scheduling.scan import Scan
 
     if zero:  # a job asking for nothing can start even when everything is reserved
         queue = [*queue, JobRequest(job_id=999, seq=999, per_worker={}, min_workers=1)]
     running = [{"CPU": 2.0 * running_share, "GPU": float(running_share % 3)}]
-    ordered = _order(queue)
-    full = _Scan(ordered, free_resources(CAPACITY, running))
+    ordered = order(queue)
+    full = Scan(ordered, free_resources(CAPACITY, running))
     full.run(0, stop_when_saturated=False)
     decision = decide(queue, running, CAPACITY)
     # read before the lazy reasons are worked out: the first job lacking resources, found either way
@@ -228,7 +231,7 @@ def _churned(queue: list[JobRequest], rng: random.Random):
     return waiting
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(queue=jobs(n_max=20), running_share=st.integers(0, 4), zero=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_a_waiting_queue_kept_up_to_date_decides_as_the_list_of_its_jobs(queue, running_share, zero, seed):
     if zero:
@@ -241,17 +244,18 @@ def test_a_waiting_queue_kept_up_to_date_decides_as_the_list_of_its_jobs(queue, 
     assert decision == expected
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(queue=jobs(n_max=30), running_share=st.integers(0, 4), zero=st.booleans(), data=st.data())
 def test_a_page_or_one_reason_is_that_of_the_whole_list(queue, running_share, zero, data):
     """GET /queue shows a page, and a job's reply its own reason, without working out every reason:
     each must be exactly what the whole list says."""
     if zero:
         queue = [*queue, JobRequest(job_id=999, seq=data.draw(st.integers(0, 30)), per_worker={}, min_workers=1)]
-    from trainforge.server.scheduling.rule import _order, _Scan
+    from trainforge.server.scheduling.rule import order
+    from trainforge.server.scheduling.scan import Scan
 
     running = [{"CPU": 2.0 * running_share, "GPU": float(running_share % 3)}]
-    full = _Scan(_order(queue), free_resources(CAPACITY, running))  # the whole queue walked, no lazy part
+    full = Scan(order(queue), free_resources(CAPACITY, running))  # the whole queue walked, no lazy part
     full.run(0, stop_when_saturated=False)
     whole = full.pending
     assert decide(queue, running, CAPACITY).pending == whole

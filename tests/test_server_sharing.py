@@ -13,22 +13,31 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from trainforge.server.scheduling.accounting import Accounting
+from trainforge.server.scheduling.policies import from_team
+from trainforge.server.scheduling.resources import dominant_share
 from trainforge.server.scheduling.rule import (
     JobRequest,
     RunningJob,
     Team,
     WaitingQueue,
-    _order,
-    _Scan,
     check_fits,
     decide,
     free_resources,
 )
-from trainforge.server.scheduling.sharing import dominant_share
+from trainforge.server.scheduling.rule import order as order_jobs
+from trainforge.server.scheduling.scan import Scan
 
 USERS = ("ann", "bob", "cat")
+
+
+def _order(queue, team, capacity):
+    """The queue in the order a decision takes it, with the policies ``team`` stands for."""
+    return order_jobs(queue, from_team(team), team)
+
+
 KINDS = ("CPU", "GPU")
 CAPACITY = {"CPU": 8.0, "GPU": 2.0}
 
@@ -73,7 +82,7 @@ def _held(running: list[RunningJob], user: str) -> dict[str, float]:
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=st.data(), team=teams())
 def test_never_above_a_quota_never_above_capacity_and_gangs_are_whole(data, team):
     queue = data.draw(queues(quotas=dict(team.quotas)))
@@ -164,7 +173,7 @@ def _simulate(shares: dict[str, float], sizes: dict[str, float], backlog: dict[s
     return acct.usage(float(steps))
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(shares=st.fixed_dictionaries({u: st.integers(1, 3) for u in USERS}),
        backlog=st.fixed_dictionaries({u: st.integers(4, 40) for u in USERS}), seed=st.integers(0, 1000))  # fmt: skip
 def test_usage_shares_converge_to_the_configured_shares_under_a_steady_load(shares, backlog, seed):
@@ -184,7 +193,7 @@ def test_fair_share_counts_the_dominant_share_of_bigger_jobs():
     assert usage["ann"] / (usage["ann"] + usage["bob"]) == pytest.approx(0.5, abs=0.05)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(data=st.data(), team=teams(), ends=st.randoms(use_true_random=False))
 def test_no_job_waits_forever_with_fair_share_and_quotas(data, team, ends):
     queue = [j for j in data.draw(queues(quotas=dict(team.quotas))) if not j.held]
@@ -202,7 +211,7 @@ def test_no_job_waits_forever_with_fair_share_and_quotas(data, team, ends):
     assert queue == []
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(data=st.data(), team=teams(), seed=st.integers(0, 2**32 - 1))
 def test_the_answer_does_not_depend_on_the_order_jobs_are_given_in(data, team, seed):
     queue = data.draw(queues(quotas=dict(team.quotas)))
@@ -211,13 +220,13 @@ def test_the_answer_does_not_depend_on_the_order_jobs_are_given_in(data, team, s
     assert decide(queue, [], CAPACITY, team) == decide(shuffled, [], CAPACITY, team)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(data=st.data(), team=teams())
 def test_stopping_the_scan_early_changes_nothing_with_quotas_and_fair_share(data, team):
     queue = data.draw(queues(n_max=20, quotas=dict(team.quotas)))
     running = [RunningJob(1, {"CPU": 2.0}, user="ann")]
-    full = _Scan(_order(queue, team, CAPACITY), free_resources(CAPACITY, [{"CPU": 2.0}]), team.quotas,
-                 {"ann": {"CPU": 2.0}} if team.quotas else {})  # fmt: skip
+    full = Scan(_order(queue, team, CAPACITY), free_resources(CAPACITY, [{"CPU": 2.0}]), from_team(team), team,
+                {"ann": {"CPU": 2.0}} if team.quotas else {}, {"ann": 1} if team.quotas else {})  # fmt: skip
     full.run(0, stop_when_saturated=False)
     decision = decide(queue, running, CAPACITY, team)
     assert decision.blocked == full.blocked
@@ -225,7 +234,7 @@ def test_stopping_the_scan_early_changes_nothing_with_quotas_and_fair_share(data
     assert decision.pending == full.pending
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(data=st.data(), team=teams(), seed=st.integers(0, 2**32 - 1))
 def test_a_waiting_queue_pages_and_single_reasons_agree_with_the_whole_list(data, team, seed):
     """The server's WaitingQueue (kept up to date, never sorted again) decides as the list of its jobs,
@@ -240,8 +249,8 @@ def test_a_waiting_queue_pages_and_single_reasons_agree_with_the_whole_list(data
         waiting.put(job)
     expected = decide(queue, running, CAPACITY, team)
     assert decide(waiting, running, CAPACITY, team) == expected
-    full = _Scan(_order(queue, team, CAPACITY), free_resources(CAPACITY, [{"CPU": 2.0}]), team.quotas,
-                 {"ann": {"CPU": 2.0}} if team.quotas else {})  # fmt: skip
+    full = Scan(_order(queue, team, CAPACITY), free_resources(CAPACITY, [{"CPU": 2.0}]), from_team(team), team,
+                {"ann": {"CPU": 2.0}} if team.quotas else {}, {"ann": 1} if team.quotas else {})  # fmt: skip
     full.run(0, stop_when_saturated=False)  # the whole queue walked, no lazy part
     whole = full.pending
     offset, limit = data.draw(st.integers(0, len(whole))), data.draw(st.integers(1, 6))
@@ -273,7 +282,7 @@ def running_jobs(draw) -> list[RunningJob]:
     return out
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(running=running_jobs(), data=st.data(), exempt=st.sampled_from([0.0, 60.0]),
        cooldown=st.sampled_from([0.0, 600.0]))  # fmt: skip
 def test_preemption_is_bounded_and_takes_no_more_victims_than_needed(running, data, exempt, cooldown):

@@ -3,7 +3,10 @@ changes, idempotent submission, migrations."""
 
 from __future__ import annotations
 
+import ast
 import os
+import pathlib
+import re
 import sqlite3
 import threading
 
@@ -250,7 +253,7 @@ def test_the_pages_take_the_event_types_from_the_server_and_the_scripts_copy_non
     import pathlib
     import re
 
-    from trainforge.client._states import states_json
+    from trainforge.server.pages.dashboard import states_json
 
     assert states_json()["events"] == [e.value for e in JobEvent]
     static = pathlib.Path(st.__file__).parent.parent / "pages" / "static"
@@ -264,3 +267,196 @@ def test_the_pages_take_the_event_types_from_the_server_and_the_scripts_copy_non
         for listed in re.findall(r"\[([^\[\]]*)\]", rest):  # no list of event names of its own
             names = set(re.findall(r'"([^"]*)"', listed)) & events
             assert len(names) < 2, f"{script} lists job events itself: [{listed}]"
+
+
+# -- a database of an earlier release --------------------------------------------------------------------
+FIXTURE = os.path.join(os.path.dirname(__file__), "data", "state_v6.sql")
+
+
+def _schema(path: str) -> list[tuple]:
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name").fetchall()
+        return [*rows, ("user_version", conn.execute("PRAGMA user_version").fetchone()[0])]
+    finally:
+        conn.close()
+
+
+def _from_dump(path: str) -> None:
+    """The fixture's database at ``path``: its statements, and the schema version its first line names."""
+    text = open(FIXTURE).read()
+    version = int(text.split("-- user_version ", 1)[1].split()[0])
+    conn = sqlite3.connect(path)
+    conn.executescript(text)
+    conn.execute(f"PRAGMA user_version={version}")
+    conn.commit()
+    conn.close()
+
+
+def test_a_database_made_by_main_before_the_store_move_opens_with_every_row(tmp_path):
+    """tests/data/state_v6.sql was written by the code of main before the SQL moved into the store (at
+    schema 6): the migrations make its schema to the letter, it opens, and every table's rows read back."""
+    from trainforge.server.store.migrations import MIGRATIONS
+
+    old, at_6, fresh = str(tmp_path / "old.db"), str(tmp_path / "at_6.db"), str(tmp_path / "fresh.db")
+    _from_dump(old)
+    conn = sqlite3.connect(at_6)
+    for n in range(1, 7):
+        conn.executescript(MIGRATIONS[n])
+    conn.execute("PRAGMA user_version=6")
+    conn.close()
+    assert _schema(at_6) == _schema(old)  # the migrations up to 6 make main's schema, to the letter
+    st.JobStore(fresh).close()
+    store = st.JobStore(old)
+    assert _schema(old) == _schema(fresh)  # and the newer ones take it to a fresh database's
+    try:
+        a, b = store.get(1), store.get(2)
+        assert (a.name, a.state, a.priority, a.grant, a.gpu_ids, a.last_metrics, a.submission_id, a.submission_digest) == (
+            "old-a", JobState.SUCCEEDED, 3, {"CPU": 2.0}, ["0"], {"loss": 0.5}, "sub-1", "d1")
+        assert (b.owner, b.preemptible, b.spec["experiment"]["trial_id"]) == ("ann", True, "t1")
+        assert store.counts() == {("admin", "SUCCEEDED"): 1, ("ann", "QUEUED"): 1}
+        assert [e.type for e in store.events_after(0)] == ["submitted", "submitted", "starting", "running", "ended"]
+        users = {u["name"]: u for u in store.users.all()}
+        assert (users["ann"]["role"], users["ann"]["shares"], users["ann"]["uid"], users["bob"]["uid"]) == ("member", 2.0, 1, 2)
+        assert store.users.add("cid", role="viewer", key_id="k" * 16, salt="00", token_hash="0" * 64, shares=1.0,
+                               quota=None, created_at=1.0, os_user=None)["uid"] == 3  # numbers go on from the counter
+        assert [(r["user"], r["action"], r["job_id"]) for r in store.audit.newest()] == [("ann", "job.submit", 2)]
+        assert list(store.job_tokens.all()) == [2]
+        assert store.usage_rows() == {"ann": (12.5, 100.0)}
+        assert store.experiments.trial_job_ids() == {2}
+        assert [r["kind"] for r in store.experiments.decisions(1)] == ["pruned"]
+        job, created = store.add_job(name="new", kind="script", spec={})
+        assert created and job.id == 3 and store.last_seq == 6  # ids and seqs go on after the old ones
+    finally:
+        store.close()
+
+
+def test_each_migration_from_an_older_schema_leads_to_the_same_schema(tmp_path):
+    """A database left at any earlier schema version migrates to the schema a fresh one gets."""
+    from trainforge.server.store.migrations import MIGRATIONS, SCHEMA_VERSION
+
+    fresh = str(tmp_path / "fresh.db")
+    st.JobStore(fresh).close()
+    for version in range(0, SCHEMA_VERSION):
+        path = str(tmp_path / f"v{version}.db")
+        conn = sqlite3.connect(path)
+        for n in range(1, version + 1):
+            conn.executescript(MIGRATIONS[n])
+        conn.execute(f"PRAGMA user_version={version}")
+        conn.commit()
+        conn.close()
+        st.JobStore(path).close()
+        assert _schema(path) == _schema(fresh), f"from schema {version}"
+
+
+# -- the store tells what it committed -----------------------------------------------------------------
+def test_watchers_hear_of_added_and_moved_jobs_after_the_commit_only(store):
+    heard: list[st.JobsChanged] = []
+
+    def listener(changed: st.JobsChanged) -> None:
+        assert store.get(next(iter(changed.added or changed.moved))) is not None  # committed: readable
+        heard.append(changed)
+
+    store.watch(listener)
+    job = _add(store)
+    assert heard[-1].added == {job.id: {"kind": "script", "path": "/x.py"}} and heard[-1].moved == frozenset()
+    store.update(job.id, priority=5)  # neither its state nor its events offset: nobody is told
+    assert len(heard) == 1
+    store.update(job.id, JobEvent.RUNNING, None, state=JobState.RUNNING)
+    store.update(job.id, events_offset=10)
+    assert [h.moved for h in heard[1:]] == [frozenset({job.id}), frozenset({job.id})]
+    with pytest.raises(ValueError, match="unknown field"):
+        store.update_many([(job.id, None, None, {"state": JobState.STOPPED}), (job.id, None, None, {"bad": 1})])
+    assert len(heard) == 3  # rolled back: nothing to tell
+
+
+def test_a_failing_watcher_neither_undoes_nor_fails_the_change_and_a_watcher_may_write(store, caplog):
+    wrote: list[int] = []
+
+    def failing(changed: st.JobsChanged) -> None:
+        raise RuntimeError("boom")
+
+    def writing(changed: st.JobsChanged) -> None:
+        if changed.added:  # its own write is a transaction of its own (and adds no job: no recursion)
+            wrote.append(store.experiments.change(lambda w: w.add_experiment(
+                path=f"/runs/{len(wrote)}", name="x", source="server", created_at=1.0)))
+
+    store.watch(failing)
+    store.watch(writing)
+    job = _add(store)
+    assert store.get(job.id).state == JobState.QUEUED and wrote == [1]
+    assert "listener of the store's job changes failed" in caplog.text
+
+
+# -- no SQL outside the store ---------------------------------------------------------------------------
+_SQL = re.compile(r"\bSELECT\b[\s\S]*\bFROM\b|\bINSERT\s+INTO\b|\bUPDATE\s+\w+\s+SET\b|\bDELETE\s+FROM\b"
+                  r"|\bCREATE\s+(?:UNIQUE\s+)?(?:TABLE|INDEX)\b|\bALTER\s+TABLE\b|\bPRAGMA\s+\w+")
+_DB_CALLS = frozenset({"execute", "executemany", "executescript", "cursor"})
+
+
+def _text(node: ast.AST) -> str | None:
+    """A string literal's text (an f-string's, its parts joined by ``{}``), or None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "{}".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
+    return None
+
+
+def sql_spoken(source: str) -> list[str]:
+    """Where ``source`` speaks SQL: it imports ``sqlite3``, has SQL in a string literal (SELECT ... FROM,
+    INSERT INTO, UPDATE ... SET, DELETE FROM, CREATE TABLE/INDEX, ALTER TABLE, PRAGMA), calls
+    ``executemany``, ``executescript`` or ``cursor``, or ``execute`` with a string (a worker group's
+    ``execute(fn)`` is no SQL)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "sqlite3" for a in node.names)
+                or isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sqlite3"):  # fmt: skip
+            found.append(f"line {node.lineno}: imports sqlite3")
+        elif isinstance(node, (ast.Constant, ast.JoinedStr)) and _SQL.search(_text(node) or ""):
+            found.append(f"line {node.lineno}: SQL in a string: {(_text(node) or '')[:60]!r}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _DB_CALLS:
+            if node.func.attr != "execute" or (node.args and _text(node.args[0]) is not None):
+                found.append(f"line {node.lineno}: calls .{node.func.attr}()")
+    return found
+
+
+@pytest.mark.parametrize("snippet", [
+    "import sqlite3",
+    "from sqlite3 import Row",
+    'rows = store.query("SELECT owner FROM jobs WHERE id=?", (1,))',
+    'sql = ("SELECT a "\n       "FROM t")',
+    'q = f"SELECT {cols} FROM trials WHERE experiment_id = ?"',
+    'conn.execute(f"UPDATE users SET {sets} WHERE name=?")',
+    "conn.execute('DELETE FROM job_tokens WHERE job_id=?', (1,))",
+    'conn.executemany(sql, rows)',
+    'cur = conn.cursor()',
+    'STATEMENT = "INSERT INTO usage(user) VALUES (?)"',
+    'X = "CREATE TABLE t (a)"',
+    'X = "ALTER TABLE jobs ADD COLUMN x"',
+    'X = "PRAGMA user_version"',
+])  # fmt: skip
+def test_the_sql_finder_finds_each_way_of_speaking_sql(snippet):
+    assert sql_spoken(snippet), snippet
+
+
+@pytest.mark.parametrize("snippet", [
+    "worker_group.execute(_find_port, local)",
+    'print("Select a file from the list")',
+    '"""DELETE /models/{name}/aliases/{alias}   remove it"""',
+    'url = "sqlite:///mlflow.db"',
+    'header = ["NAME", "UPDATED"]',
+])  # fmt: skip
+def test_the_sql_finder_leaves_what_is_no_sql(snippet):
+    assert sql_spoken(snippet) == []
+
+
+def test_no_module_outside_the_store_speaks_sql():
+    """Only trainforge/server/store/ speaks SQL (its package docstring says where to add a query or a
+    migration); everything else calls its methods. Nothing outside the server uses SQLite itself (MLflow's
+    and Optuna's storage URLs name their own databases): no allow-list."""
+    root = pathlib.Path(st.__file__).parents[3]
+    store = pathlib.Path(st.__file__).parent
+    spoken = {str(p.relative_to(root)): found for p in sorted((root / "trainforge").rglob("*.py"))
+              if store not in p.parents and (found := sql_spoken(p.read_text()))}  # fmt: skip
+    assert spoken == {}

@@ -218,3 +218,36 @@ def test_tls_serves_https_with_a_secure_cookie_and_a_plain_non_loopback_bind_war
     finally:
         left = server.cleanup() + (plain.cleanup() if plain is not None else [])
     assert not left, f"processes left behind: {left}"
+
+
+def test_an_urgent_job_preempts_within_the_exemption_on_a_quiet_server(tmp_path, monkeypatch):
+    """A real server with tiny script jobs (issue 35): with ``--preempt-exempt 3s``, an urgent job
+    submitted while the preemptible one is in its first three seconds preempts it once they are over,
+    with no other event on the server (the scheduler's alarm), within the exemption + 1 s."""
+    from trainforge._testing.server import TrainServer
+
+    server = TrainServer(str(tmp_path / "server"), capacity="CPU=1", extra=["--preempt-exempt", "3s"]).start()
+    try:
+        monkeypatch.setenv("TRAINFORGE_SERVER_DIR", server.state_dir)
+        client = server.client()
+        script = tmp_path / "gate.py"
+        script.write_text(GATE_SCRIPT)
+        gate = str(tmp_path / "gate")
+        spec = {"kind": "script", "path": str(script), "args": [gate], "per_worker": {"CPU": 1}}
+        low = client.submit({**spec, "name": "low", "preemptible": True})
+        wait_until(lambda: low.status().state == "RUNNING", 60, "the preemptible job to run")
+        urgent = client.submit({**spec, "name": "urgent", "priority": 5})
+        assert urgent.status().state == "QUEUED"  # within the exemption: it waits
+        preempting = wait_until(lambda: next((e for e in _events(low) if e["type"] == "preempting"), None), 60,
+                                "the preemptible job to be preempted with no other event")  # fmt: skip
+        started = next(e for e in _events(low) if e["type"] == "starting")["ts"]
+        assert preempting["payload"]["for_job"] == urgent.id
+        assert preempting["ts"] - started <= 3.0 + 1.0  # the exemption, + 1 s
+        wait_until(lambda: urgent.status().state == "RUNNING", 60, "the urgent job to start on what it gave back")
+        open(gate, "w").close()
+        assert urgent.wait(timeout=60).state == "SUCCEEDED"
+        assert low.wait(timeout=60).state == "SUCCEEDED"
+    finally:
+        left = server.cleanup()
+    assert not left, f"job processes left behind: {left}"
+    assert "Traceback" not in server.output, server.output

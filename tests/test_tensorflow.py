@@ -362,7 +362,7 @@ def test_missing_tf_keras_says_which_version_to_install():
         [sys.executable, "-c", _NO_TF_KERAS], capture_output=True, text=True, timeout=60, cwd=REPO
     )
     assert proc.returncode == 0, proc.stderr
-    from trainforge.tensorflow._env import tensorflow_version
+    from trainforge.tensorflow.env import tensorflow_version
 
     major, minor = (tensorflow_version() or "").split(".")[:2]
     assert f"pip install 'tf-keras~={major}.{minor}.0' --no-deps" in proc.stdout, proc.stdout

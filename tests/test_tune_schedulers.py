@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from trainforge.tune import schedulers
 from trainforge.tune import stopper as stopper_module
@@ -42,7 +43,7 @@ from trainforge.tune.schedulers import (
 from trainforge.tune.schedulers._explore import explore
 
 CONTINUE, STOP = TrialScheduler.CONTINUE, TrialScheduler.STOP
-PROPERTY = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def json_roundtrip(state: dict) -> dict:
@@ -940,7 +941,7 @@ STATEFUL = {
 
 
 @pytest.mark.parametrize("name", sorted(STATEFUL))
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), split=st.floats(0.0, 1.0))
 def test_a_restored_scheduler_decides_as_an_uninterrupted_one(name, seed, split):
     events = event_stream(seed, 250)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from trainforge.tune import _sample as tune
 from trainforge.tune._variants import (
@@ -243,7 +244,7 @@ axis_lists = st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=3), min_s
 
 
 @given(axis_lists, st.integers(1, 3), seeds)
-@settings(max_examples=50)
+@settings(max_examples=examples(50))
 def test_grid_product_repeated_num_samples_times_in_order(axes, num_samples, seed):
     space: dict[str, Any] = {f"k{i}": tune.grid_search(values) for i, values in enumerate(axes)}
     space["u"] = tune.uniform(0, 1)
@@ -455,7 +456,7 @@ def test_points_out_of_domain_warn_but_run(caplog):
 
 
 @given(st.integers(0, 12), seeds)
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 def test_basic_variant_state_restore_continues_without_repeating(stop_after, seed):
     space = {"a": tune.uniform(0, 1), "b": tune.grid_search([1, 2]), "c": tune.choice(list("xyz"))}
     points = [{"a": 2.0}]
@@ -524,7 +525,7 @@ def test_searcher_base_adopts_space_and_refuses_a_second():
 
 
 @given(st.integers(1, 4), st.lists(st.booleans(), max_size=60), seeds)
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 def test_concurrency_cap_is_never_exceeded(cap, actions, seed):
     inner = BasicVariantGenerator(random_state=seed)
     limiter = ConcurrencyLimiter(inner, max_concurrent=cap)

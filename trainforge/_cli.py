@@ -53,11 +53,11 @@ def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Ite
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trainforge.registry._cli import add_commands as models_commands
-    from trainforge.registry._train_cli import add_commands as train_commands
-    from trainforge.serve._cli import add_commands as serve_commands
+    from trainforge.registry.cli import add_commands as models_commands
+    from trainforge.registry.train_cli import add_commands as train_commands
+    from trainforge.serve.cli import add_commands as serve_commands
     from trainforge.server.cli.commands import add_commands as server_commands
-    from trainforge.tune._cli import add_commands as tune_commands
+    from trainforge.tune.cli import add_commands as tune_commands
 
     parser = argparse.ArgumentParser(prog="trainforge", description="trainforge: data-parallel training, a train server")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -103,10 +103,9 @@ def _run(argv: list[str] | None) -> int:
     except BrokenPipeError:
         raise
     except Exception as exc:  # errors a user can cause: one line, no traceback
-        from trainforge.server import ServerError, ServerNotFoundError
-        from trainforge.server._main import ServerRunningError, ServerStartError
+        from trainforge.server.cli.commands import user_errors
 
-        if isinstance(exc, (ServerError, ServerNotFoundError, ServerRunningError, ServerStartError, ValueError, OSError)):
+        if isinstance(exc, (*user_errors(), ValueError, OSError)):
             print(f"trainforge: {exc}", file=sys.stderr)
             return 1
         raise

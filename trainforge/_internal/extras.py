@@ -49,3 +49,13 @@ def import_extra(module: str, extra: str, what: str, *, min_version: tuple[int, 
             wanted = ".".join(str(v) for v in min_version)
             raise ImportError(f"{what} needs {module} >= {wanted}, found {version}: {install_hint(extra)}.")
     return imported
+
+
+def import_xgboost() -> ModuleType:
+    """xgboost (>= 2.1, for its collective API), or ImportError naming the extra."""
+    return import_extra("xgboost", "xgboost", "trainforge.xgboost", min_version=(2, 1))
+
+
+def import_lightgbm() -> ModuleType:
+    """lightgbm, or ImportError naming the extra."""
+    return import_extra("lightgbm", "lightgbm", "trainforge.lightgbm")

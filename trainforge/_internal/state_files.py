@@ -174,3 +174,12 @@ def read_only(file: int | str) -> None:
     """Take every write bit off ``file`` (an open file descriptor, or a path; a registry blob: an
     in-place write then fails instead of corrupting it): 0600 becomes 0400, 0644 becomes 0444."""
     os.chmod(file, stat.S_IMODE(os.stat(file).st_mode) & ~0o222)
+
+
+def read_text(path: str) -> str | None:
+    """The stripped text of a small file (an address, a token), or None if it is missing or empty."""
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None

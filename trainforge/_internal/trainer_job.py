@@ -98,7 +98,7 @@ class _Requester(Protocol):
 
 def fetch_result(client: _Requester, job_id: int) -> Result:
     """The :class:`~trainforge.Result` job ``job_id``'s run left on the server (``GET
-    /jobs/{id}/result``, unpickled here). :class:`~trainforge.server.JobNotFoundError` when it left
+    /jobs/{id}/result``, unpickled here). :class:`~trainforge.client.JobNotFoundError` when it left
     none (it ended before its run returned: stopped, lost, or its code failed outside ``fit()``); a
     Result that does not unpickle in this process (an error class it cannot import) raises what
     unpickling raised."""

@@ -1,7 +1,7 @@
-"""The Python client of a train server: :class:`Client` (one method per API call), the :class:`Job`
-handle, and :class:`JobStatus` (a job as the server answers it). Finding the server and its token:
-:func:`~trainforge.client._discovery.discover`; the exceptions: :mod:`trainforge.client._errors`;
-``trainer.submit()``: :mod:`trainforge.server._submission`.
+"""The Python client of a train server: :class:`Client`, one method per API call. A job's handle
+and status: :mod:`trainforge.client._job`; the transport: :mod:`trainforge.client._http`; finding
+the server and its token: :func:`~trainforge.client.discover`; the exceptions:
+:mod:`trainforge.client._errors`.
 
 Streams (a job's reports, its logs, its end) reconnect by themselves with ``Last-Event-ID`` when the
 server restarts, so a client waiting on a job sees every report even across a server ``kill -9``.
@@ -9,143 +9,30 @@ server restarts, so a client waiting on a job sees every report even across a se
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import http.client
 import json as _json
 import os
-import socket
-import threading
 import time
-import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from trainforge._internal.constants import API_PREFIX, ENV_ADDRESS, ENV_STATE_DIR, default_state_dir
-from trainforge._internal.run_outcome import FailureClass
-from trainforge._internal.trainer_job import fetch_result
 from trainforge.client._discovery import discover, server_holds
 from trainforge.client._errors import (
+    BadResponseError,
     InvalidJobError,
     JobConflictError,
     JobNotFoundError,
     ServerError,
     ServerNotFoundError,
 )
-from trainforge.client._states import JobState
-
-if TYPE_CHECKING:
-    from trainforge import Result, TrainingReport
+from trainforge.client._http import Transport
+from trainforge.client._job import Job, JobStatus
 
 _RECONNECT_S = 60.0
 
 
 SUBMIT_WAIT_S = 60.0  # how long a submission cut by a lost connection is retried (with its key)
-
-
-class _Dropped(OSError):
-    """A connection lost after the request started going out: the server may have acted on it."""
-
-
-@dataclasses.dataclass(frozen=True)
-class JobStatus:
-    """A job as the server sees it (``raw`` has every field of the API's ``JobOut``)."""
-
-    id: int
-    name: str
-    state: JobState
-    priority: int
-    pending: str | None  # why it waits, in words ("needs 4 CPU, 2 free", "behind job 3", "held")
-    position: int | None
-    exit_code: int | None
-    failure_class: FailureClass | None  # whose fault, for a job that ended without success
-    error: str | None
-    raw: dict[str, Any]
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> JobStatus:
-        pending = d.get("pending") or {}
-        return cls(
-            id=d["id"], name=d["name"], state=JobState(d["state"]), priority=d["priority"], pending=pending.get("text"),
-            position=pending.get("position"), exit_code=d.get("exit_code"),
-            failure_class=FailureClass(d["failure_class"]) if d.get("failure_class") is not None else None,
-            error=d.get("error"), raw=d,
-        )  # fmt: skip
-
-    @property
-    def ended(self) -> bool:
-        return self.state.terminal
-
-    def describe(self) -> str:
-        line = f"job {self.id} ({self.name}): {self.state}"
-        if self.pending:
-            line += f", {self.pending}" + (f" (position {self.position})" if self.position else "")
-        if self.error:
-            line += f": {self.error}"
-        return line
-
-
-class _Http:
-    """HTTP/1.1 to the server with the standard library (``http.client``): a fresh connection per
-    request (loopback connects in microseconds; nothing kept alive goes stale, nothing is shared
-    between threads), and importing nothing heavier, so a fresh ``trainforge`` command or a
-    ``submit()`` from a new process pays no HTTP library import (httpx costs ~0.1 s)."""
-
-    def __init__(self, base_url: str, headers: dict[str, str], timeout: float):
-        url = urllib.parse.urlsplit(base_url)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"train server address {base_url!r}: give an http:// or https:// URL")
-        self._https = url.scheme == "https"
-        self._host, self._port = url.hostname, url.port or (443 if self._https else 80)
-        self._prefix = url.path.rstrip("/")
-        self._headers = headers
-        self._timeout = timeout
-
-    def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = cls(self._host, self._port, timeout=timeout)
-        conn.connect()
-        assert conn.sock is not None
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return conn
-
-    def _target(self, path: str, params: dict[str, Any] | None) -> str:
-        query = urllib.parse.urlencode({k: v for k, v in (params or {}).items() if v is not None}, doseq=True)
-        return self._prefix + path + (f"?{query}" if query else "")
-
-    def request(self, method: str, path: str, *, params: dict[str, Any] | None = None,
-                body: Any = None) -> tuple[int, str, bytes]:  # fmt: skip
-        headers = {**self._headers, "Connection": "close"}
-        data = None
-        if body is None and method in ("POST", "PUT", "PATCH"):
-            body = {}  # the server takes state changes as JSON only
-        if body is not None:
-            data = _json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        conn = self._connect(self._timeout)
-        try:
-            conn.request(method, self._target(path, params), body=data, headers=headers)
-            response = conn.getresponse()
-            return response.status, response.getheader("content-type", ""), response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise _Dropped(f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            conn.close()
-
-    @contextlib.contextmanager
-    def open_stream(self, path: str, *, params: dict[str, Any] | None = None,
-                    headers: dict[str, str] | None = None) -> Iterator[http.client.HTTPResponse]:  # fmt: skip
-        """A GET whose response is read as it comes (no read timeout once connected)."""
-        conn = self._connect(10.0)
-        try:
-            conn.request("GET", self._target(path, params),
-                         headers={**self._headers, **(headers or {}), "Accept": "text/event-stream"})  # fmt: skip
-            assert conn.sock is not None
-            conn.sock.settimeout(None)
-            yield conn.getresponse()
-        finally:
-            conn.close()
 
 
 class Client:
@@ -167,8 +54,7 @@ class Client:
         if not (address or os.environ.get(ENV_ADDRESS)):
             self._found_in = state_dir or os.environ.get(ENV_STATE_DIR) or default_state_dir()
         self._timeout = timeout
-        self._http = _Http(self.address + API_PREFIX, {"Authorization": f"Bearer {found_token}"} if found_token else {},
-                           timeout)  # fmt: skip
+        self._http = Transport(self.address, prefix=API_PREFIX, token=found_token, timeout=timeout)
 
     def _rediscover(self) -> None:
         if self._found_in is None:
@@ -178,7 +64,7 @@ class Client:
         except ServerNotFoundError:
             return
         self.address = address
-        self._http = _Http(address + API_PREFIX, {"Authorization": f"Bearer {token}"} if token else {}, self._timeout)
+        self._http = Transport(address, prefix=API_PREFIX, token=token, timeout=self._timeout)
 
     def _server_starting(self) -> bool:
         """A train server holds the state directory the address came from (it is starting, or
@@ -197,56 +83,56 @@ class Client:
     # -- plumbing ---------------------------------------------------------------------------------
     def request(self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None) -> Any:
         """One API call: the decoded JSON reply (raw bytes for a non-JSON one); the server's 4xx/5xx
-        as :class:`ServerError` subclasses; ServerNotFoundError if nothing answers."""
-        try:
-            status, content_type, body = self._http.request(method, path, params=params, body=json)
-        except (OSError, http.client.HTTPException) as exc:
-            raise ServerNotFoundError(
-                f"no train server answers at {self.address} ({exc}): is it running? (`trainforge server status`)",
-                sent=isinstance(exc, _Dropped),
-            ) from exc
+        as :class:`ServerError` subclasses; :class:`ServerNotFoundError` if nothing answers;
+        :class:`BadResponseError` if a reply that says it is JSON is not."""
+        status, content_type, body = self._http.request(method, path, params=params, body=json)
         if status >= 400:
             self._raise_for(status, body)
         if content_type.startswith("application/json"):
-            return _json.loads(body)
+            return self._decode(body, f"{method} {path}")
         return body
+
+    def _object(self, method: str, path: str, *, params: dict[str, Any] | None = None, json: Any = None,
+                fields: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+        """:meth:`request` for a call whose reply is a JSON object with ``fields``: anything else
+        (another program's page, a reply cut short) is a :class:`BadResponseError`."""
+        reply = self.request(method, path, params=params, json=json)
+        if not isinstance(reply, dict) or any(f not in reply for f in fields):
+            shown = reply[:200] if isinstance(reply, bytes) else str(reply)[:200]
+            raise BadResponseError(
+                f"{method} {path}: {self.address} answered {shown!r}, not the API's JSON"
+                + (f" with {', '.join(fields)}" if fields else "")
+                + ": is it a train server's address, and as new as this client?"
+            )
+        return reply
+
+    def _decode(self, body: bytes | str, what: str) -> Any:
+        try:
+            return _json.loads(body)
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise BadResponseError(
+                f"{what}: {self.address} answered with what it calls JSON but is not ({exc}): {body[:200]!r}"
+            ) from exc
 
     def stream(self, path: str, *, params: dict[str, Any] | None = None, last_id: str | None = None,
                reconnect_s: float = _RECONNECT_S) -> Iterator[tuple[str, str | None, Any]]:  # fmt: skip
         """Server-sent events as ``(event, id, data)``; reconnects with ``Last-Event-ID`` for up to
-        ``reconnect_s`` when the connection drops (a server restart), then raises."""
+        ``reconnect_s`` when the connection drops (a server restart), then raises
+        :class:`ServerNotFoundError`."""
         lost_at: float | None = None
         while True:
             headers = {"Last-Event-ID": last_id} if last_id is not None else {}
             try:
                 with self._http.open_stream(path, params=params, headers=headers) as response:
                     if response.status >= 400:
-                        self._raise_for(response.status, response.read())
+                        self._raise_for(response.status, response.body())
                     lost_at = None
-                    event, ident = "message", None
-                    data: list[str] = []
-                    while True:
-                        raw = response.readline()
-                        if not raw:
-                            break
-                        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                        if not line:
-                            if data:
-                                if ident is not None:
-                                    last_id = ident
-                                yield event, ident, _json.loads("\n".join(data))
-                            event, data, ident = "message", [], None
-                            continue
-                        field, _, value = line.partition(":")
-                        value = value[1:] if value.startswith(" ") else value
-                        if field == "data":
-                            data.append(value)
-                        elif field == "event":
-                            event = value
-                        elif field == "id":
-                            ident = value
+                    for event, ident, data in response.events():
+                        if ident is not None:
+                            last_id = ident
+                        yield event, ident, self._decode(data, f"GET {path} (an event's data)")
                     return
-            except (OSError, http.client.HTTPException) as exc:
+            except ServerNotFoundError as exc:
                 now = time.monotonic()
                 lost_at = lost_at or now
                 if now - lost_at > reconnect_s:
@@ -261,13 +147,16 @@ class Client:
         except (ValueError, AttributeError):
             detail = body.decode("utf-8", errors="replace")
         if isinstance(detail, list):
-            detail = "; ".join(f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail)
+            detail = "; ".join(
+                f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg')}" if isinstance(d, dict) else str(d)
+                for d in detail
+            )
         cls = {404: JobNotFoundError, 409: JobConflictError, 422: InvalidJobError}.get(status, ServerError)
         raise cls(status, str(detail))
 
     # -- API --------------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
-        return self.request("GET", "/health")  # type: ignore[no-any-return]
+        return self._object("GET", "/health")
 
     def submit(self, spec: dict[str, Any], *, wait_s: float = SUBMIT_WAIT_S,
                on_wait: Callable[[str], Any] | None = None) -> Job:  # fmt: skip
@@ -286,7 +175,7 @@ class Client:
         pause = 0.1
         while True:
             try:
-                body = self.request("POST", "/jobs", json=spec)
+                body = self._object("POST", "/jobs", json=spec, fields=("id", "job"))
                 break
             except ServerNotFoundError as exc:
                 now = time.monotonic()
@@ -316,13 +205,13 @@ class Client:
     def job(self, job_id: int) -> Job:
         return Job(self, job_id)
 
-    def jobs(self, state: list[str] | None = None, *, limit: int = 50, before: int | None = None) -> list[JobStatus]:
+    def jobs(self, state: Sequence[str] | None = None, *, limit: int = 50, before: int | None = None) -> list[JobStatus]:
         params: dict[str, Any] = {"limit": limit}
         if state:
-            params["state"] = state
+            params["state"] = list(state)
         if before is not None:
             params["before"] = before
-        return [JobStatus.from_json(j) for j in self.request("GET", "/jobs", params=params)["jobs"]]
+        return [JobStatus.from_json(j) for j in self._object("GET", "/jobs", params=params, fields=("jobs",))["jobs"]]
 
     def queue(self, limit: int | None = None) -> list[dict[str, Any]]:
         """The waiting jobs in start order, each with why it waits (the first ``limit``; None: all),
@@ -331,115 +220,10 @@ class Client:
         offset: int | None = 0
         while offset is not None and (limit is None or len(entries) < limit):
             want = 1000 if limit is None else min(1000, limit - len(entries))
-            page = self.request("GET", "/queue", params={"offset": offset, "limit": want})
+            page = self._object("GET", "/queue", params={"offset": offset, "limit": want}, fields=("entries", "next_offset"))
             entries += page["entries"]
             offset = page["next_offset"]
         return entries
 
     def resources(self) -> dict[str, Any]:
-        return self.request("GET", "/resources")  # type: ignore[no-any-return]
-
-
-class Job:
-    """A handle on one job of a train server: what ``trainer.submit()`` returns."""
-
-    def __init__(self, client: Client, job_id: int):
-        self.client = client
-        self.id = job_id
-        self.submitted: JobStatus | None = None  # its status as the submission's reply gave it
-        self.created = True  # False: the submission had been queued by an earlier try of the same key
-
-    def __repr__(self) -> str:
-        return f"Job({self.id}, server={self.client.address!r})"
-
-    def status(self) -> JobStatus:
-        """Its state, and why it waits while it is queued (``.pending``, ``.position``)."""
-        return JobStatus.from_json(self.client.request("GET", f"/jobs/{self.id}"))
-
-    def wait(self, timeout: float | None = None) -> JobStatus:
-        """Block until the job has ended (TimeoutError after ``timeout`` seconds)."""
-        if timeout is None:
-            status = self.status()
-            if status.ended:
-                return status
-            for event, _, data in self.client.stream(f"/jobs/{self.id}/stream", params={"start": "end"}):
-                if event == "end":
-                    return JobStatus.from_json(data)
-            return self.status()
-        done: list[JobStatus] = []
-        waiter = threading.Thread(target=lambda: done.append(self.wait()), daemon=True)
-        waiter.start()
-        waiter.join(timeout)
-        if not done:
-            raise TimeoutError(f"job {self.id} is still {self.status().state} after {timeout} s")
-        return done[0]
-
-    def result(self, timeout: float | None = None) -> Result:
-        """The :class:`~trainforge.Result` its run returned, as ``fit()`` would return it (waits).
-        Like ``fit()``, raises the run's error if it failed; a job stopped or lost before it had a
-        result raises :class:`ServerError`."""
-        status = self.wait(timeout)
-        try:
-            result = fetch_result(self.client, self.id)
-        except JobNotFoundError as exc:
-            raise ServerError(exc.status, f"{status.describe()}; {exc.detail}") from None
-        if result.error is not None:
-            raise result.error
-        return result
-
-    def reports(self) -> Iterator[TrainingReport]:
-        """Every report of its runs as they arrive (from the first), as ``fit_iter()`` yields them;
-        ends when the job ends."""
-        from trainforge._internal.job_events import EventType, decode_report
-
-        for event, _, data in self.client.stream(f"/jobs/{self.id}/stream"):
-            if event == EventType.REPORT:
-                yield decode_report(data)
-            elif event == "end":
-                return
-
-    def logs(self, *, follow: bool = False, tail: int | None = None, rank: int | None = None) -> Iterator[str]:
-        """Its output (the runner's, with every rank's lines; ``rank=N``: that rank's own log), in
-        chunks of text: the last ``tail`` lines or all of it; with ``follow``, on until the job ends."""
-        params: dict[str, Any] = {}
-        if rank is not None:
-            params["rank"] = rank
-        if tail is not None:
-            params["tail"] = tail
-        if follow:
-            for event, _, data in self.client.stream(f"/jobs/{self.id}/logs/stream", params=params):
-                if event == "log":
-                    yield data["text"]
-                elif event == "end":
-                    return
-            return
-        while True:
-            chunk = self.client.request("GET", f"/jobs/{self.id}/logs", params=params)
-            if chunk["text"]:
-                yield chunk["text"]
-            if chunk["next_offset"] >= chunk["size"] or not chunk["text"]:
-                return
-            params = {k: v for k, v in params.items() if k != "tail"}
-            params["offset"] = chunk["next_offset"]
-
-    def stop(self, *, grace_s: float | None = None, force: bool = False) -> JobStatus:
-        """Stop it (as Ctrl-C; SIGKILL with ``force``): returns once all its processes are gone."""
-        body: dict[str, Any] = {"force": force}
-        if grace_s is not None:
-            body["grace_s"] = grace_s
-        return JobStatus.from_json(self.client.request("POST", f"/jobs/{self.id}/stop", json=body))
-
-    def set_priority(self, priority: int) -> JobStatus:
-        return JobStatus.from_json(self.client.request("PATCH", f"/jobs/{self.id}", json={"priority": priority}))
-
-    def hold(self) -> JobStatus:
-        return JobStatus.from_json(self.client.request("PATCH", f"/jobs/{self.id}", json={"hold": True}))
-
-    def release(self) -> JobStatus:
-        return JobStatus.from_json(self.client.request("PATCH", f"/jobs/{self.id}", json={"hold": False}))
-
-    def retry(self, checkpoint: str | None = None) -> JobStatus:
-        """Queue the ended job again: its last run continues from its latest checkpoint, or a new run
-        starts from ``checkpoint`` (a path or URL from its checkpoints)."""
-        body = {"checkpoint": checkpoint} if checkpoint is not None else None
-        return JobStatus.from_json(self.client.request("POST", f"/jobs/{self.id}/retry", json=body))
+        return self._object("GET", "/resources")

@@ -23,6 +23,7 @@ from trainforge._internal.constants import (
     SERVER_LOCK_FILE,
     default_state_dir,
 )
+from trainforge._internal.state_files import read_text
 from trainforge.client._errors import ServerNotFoundError
 
 
@@ -49,15 +50,6 @@ def discover(address: str | None = None, token: str | None = None, state_dir: st
         )
     token = token or os.environ.get(ENV_TOKEN) or read_text(os.path.join(state_dir, "token"))
     return address.rstrip("/"), token
-
-
-def read_text(path: str) -> str | None:
-    """The stripped text of a small file (an address, a token), or None if it is missing or empty."""
-    try:
-        with open(path) as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
 
 
 def _ray_published() -> tuple[str, str | None] | None:

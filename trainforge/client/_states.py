@@ -1,7 +1,6 @@
 """``JobState``: the states of a train-server job, and ``JobEvent``: the types of its events, each
 defined once. The store keeps them, the API's schemas name them (the OpenAPI enum), the client reads
-them and the dashboard gets them from the server (:func:`states_json`, embedded in each page)
-instead of a copy of its own.
+them and the dashboard gets them from the server (embedded in each page) instead of a copy of its own.
 
     QUEUED / HELD  ->  STARTING -> RUNNING -> (STOPPING)  ->  SUCCEEDED / FAILED / STOPPED
       (waiting)           (active: a runner holds a grant)        (terminal)
@@ -10,8 +9,6 @@ instead of a copy of its own.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from trainforge._internal.job_events import EventType
 from trainforge._internal.str_enum import StrEnum
@@ -81,18 +78,8 @@ class JobEvent(StrEnum):
 
 
 WAITING_STATES = (JobState.QUEUED, JobState.HELD)
+"""The states of a job in the queue (it holds nothing): ``client.jobs(state=WAITING_STATES)``."""
 ACTIVE_STATES = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)
+"""The states of a job a runner holds resources for."""
 TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
-ALL_STATES = tuple(JobState)
-
-
-def states_json() -> dict[str, Any]:
-    """The states as the dashboard's script takes them: every name in order and each grouping, and
-    the event types (``events``: every name the event streams send)."""
-    return {
-        "events": [e.value for e in JobEvent],
-        "all": [s.value for s in ALL_STATES],
-        "waiting": [s.value for s in WAITING_STATES],
-        "active": [s.value for s in ACTIVE_STATES],
-        "terminal": [s.value for s in TERMINAL_STATES],
-    }
+"""The states of a job that has ended."""

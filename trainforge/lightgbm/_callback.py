@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from trainforge import Checkpoint
+from trainforge._internal.extras import import_lightgbm
 from trainforge._internal.gbdt import ReportCallback, checkpoint_file, report_dict, report_with_model
-from trainforge.lightgbm._imports import import_lightgbm
 
 
 class RayTrainReportCallback(ReportCallback):

@@ -7,10 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from trainforge import Checkpoint
-from trainforge._internal.extras import require
+from trainforge._internal.extras import import_lightgbm, require
 from trainforge._internal.gbdt import GBDTTrainer, legacy_start, shard_frame, split_label
 from trainforge.lightgbm._config import LightGBMConfig, get_network_params
-from trainforge.lightgbm._imports import import_lightgbm
 
 
 def _legacy_loop(config: dict[str, Any]) -> None:

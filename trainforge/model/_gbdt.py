@@ -121,7 +121,7 @@ class XGBoostModel(GBDTModel):
         return self.booster.inplace_predict(features)
 
     def _load_files(self, directory: str) -> None:
-        from trainforge.xgboost._imports import import_xgboost
+        from trainforge._internal.extras import import_xgboost
 
         booster = import_xgboost().Booster()
         booster.load_model(os.path.join(directory, self._filename))
@@ -129,7 +129,7 @@ class XGBoostModel(GBDTModel):
 
     @classmethod
     def _framework_versions(cls) -> dict[str, str]:
-        from trainforge.xgboost._imports import import_xgboost
+        from trainforge._internal.extras import import_xgboost
 
         return {"xgboost": str(import_xgboost().__version__)}
 
@@ -147,13 +147,13 @@ class LightGBMModel(GBDTModel):
         return self.booster.predict(features)
 
     def _load_files(self, directory: str) -> None:
-        from trainforge.lightgbm._imports import import_lightgbm
+        from trainforge._internal.extras import import_lightgbm
 
         self.booster = import_lightgbm().Booster(model_file=os.path.join(directory, self._filename))
 
     @classmethod
     def _framework_versions(cls) -> dict[str, str]:
-        from trainforge.lightgbm._imports import import_lightgbm
+        from trainforge._internal.extras import import_lightgbm
 
         return {"lightgbm": str(import_lightgbm().__version__)}
 

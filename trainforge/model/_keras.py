@@ -60,7 +60,7 @@ class KerasModel(BaseModel):
     @property
     def keras(self) -> Any:
         """The ``tf_keras`` module (Keras 2) to build the model with."""
-        from trainforge.tensorflow._env import import_tf_keras
+        from trainforge.tensorflow.env import import_tf_keras
 
         return import_tf_keras()
 
@@ -102,7 +102,7 @@ class KerasModel(BaseModel):
 
     @classmethod
     def _framework_versions(cls) -> dict[str, str]:
-        from trainforge.tensorflow._env import tensorflow_version
+        from trainforge.tensorflow.env import tensorflow_version
 
         return {"tensorflow": tensorflow_version() or "unknown"}
 

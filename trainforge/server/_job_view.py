@@ -9,9 +9,7 @@ import threading
 from typing import Any
 
 from trainforge._internal.trainer_job import NUM_WORKERS
-from trainforge.client._client import Job, JobStatus
-from trainforge.client._errors import ServerError, ServerNotFoundError
-from trainforge.client._states import JobState
+from trainforge.client import Job, JobState, JobStatus, ServerError, ServerNotFoundError
 
 
 def follow(job: Job, out: Any = None) -> JobStatus | None:

@@ -33,8 +33,7 @@ from typing import IO, Any
 from trainforge._internal import http
 from trainforge._internal.amounts import fmt_resources
 from trainforge._internal.constants import SERVER_LOCK_FILE
-from trainforge._internal.state_files import DIR_MODE, open_append, write_atomic
-from trainforge.client._discovery import read_text
+from trainforge._internal.state_files import DIR_MODE, open_append, read_text, write_atomic
 from trainforge.server._config import (
     RAY_KV_KEY,
     RAY_KV_NAMESPACE,

@@ -1,6 +1,6 @@
 """The train server API's schemas: every pydantic model its routes take and answer (and the
 annotated types of their parameters), in one place, as they appear in the OpenAPI document
-(``/api/v1/openapi.json``). A job's state is :class:`~trainforge.client._states.JobState` (the
+(``/api/v1/openapi.json``). A job's state is :class:`~trainforge.client.JobState` (the
 OpenAPI enum ``JobState``)."""
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from trainforge._internal.http import json_safe
 from trainforge._internal.json_depth import shallow
 from trainforge._internal.run_outcome import FailureClass
 from trainforge._internal.trainer_job import NUM_WORKERS, num_workers_of
-from trainforge.client._states import JobEvent, JobState
+from trainforge.client import JobEvent, JobState
 from trainforge.registry import NAME_PATTERN
-from trainforge.server.scheduling.rule import Pending
+from trainforge.server.scheduling.decision import Pending
 from trainforge.server.store.database import JobRow
 from trainforge.server.team.users import NAME_PATTERN as USER_NAME_PATTERN
 
@@ -137,7 +137,8 @@ class JobSpecIn(BaseModel):
 
 
 class PendingOut(BaseModel):
-    reason: Literal["held", "resources", "reserved", "quota"]
+    reason: str = Field(description="held, resources, reserved, quota, or the name of the scheduling policy that "
+                                    "holds the job back (max_running: its user runs as many jobs as they may)")
     position: int | None
     text: str
     need: dict[str, float] = Field(default_factory=dict)
@@ -243,6 +244,9 @@ class ResourcesOut(BaseModel):
     jobs: dict[str, dict[str, Any]] = Field(description="job id -> its grant and GPU ids")
     gpus: dict[str, int] = Field(description="GPU id -> the job holding it")
     decision_ms: float
+    policies: list[dict[str, str]] = Field(
+        default_factory=list, description="the scheduling policies, in order: name and what each does"
+    )
 
 
 class HealthOut(BaseModel):

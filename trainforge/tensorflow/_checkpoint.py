@@ -8,7 +8,7 @@ import tempfile
 from typing import Any
 
 from trainforge import Checkpoint
-from trainforge.tensorflow._env import import_tf_keras
+from trainforge.tensorflow.env import import_tf_keras
 
 
 class TensorflowCheckpoint(Checkpoint):

@@ -15,7 +15,7 @@ from typing import Any
 
 from trainforge._internal.constants import ENV_RANK
 from trainforge.backend import Backend, BackendConfig
-from trainforge.tensorflow._env import ENV_TF_CONFIG, prepare_worker
+from trainforge.tensorflow.env import ENV_TF_CONFIG, prepare_worker
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainforge.tensorflow._env import check_installed
+from trainforge.tensorflow.env import check_installed
 
 
 def prepare_dataset_shard(tf_dataset_shard: Any) -> Any:

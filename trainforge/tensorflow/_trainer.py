@@ -8,7 +8,7 @@ from typing import Any
 
 from trainforge._internal.framework_trainer import FrameworkTrainer
 from trainforge.tensorflow._config import TensorflowConfig
-from trainforge.tensorflow._env import check_installed, prepare_worker
+from trainforge.tensorflow.env import check_installed, prepare_worker
 
 
 class TensorflowTrainer(FrameworkTrainer):

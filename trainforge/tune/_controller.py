@@ -31,10 +31,10 @@ from trainforge.tune._server import ServerRun
 from trainforge.tune._trainable import is_trainer, make_trial_trainer, trial_resources
 from trainforge.tune._variants import merge_config
 from trainforge.tune.schedulers import Exploit, TrialScheduler
-from trainforge.tune.search._searcher import PRUNED_RESULT_KEY, Searcher
+from trainforge.tune.search import PRUNED_RESULT_KEY, Searcher
 
 if TYPE_CHECKING:
-    from trainforge.server import Client
+    from trainforge.client import Client
 
 logger = logging.getLogger("trainforge.tune")
 

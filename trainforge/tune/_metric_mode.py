@@ -19,3 +19,9 @@ class MetricMode:
     @property
     def mode(self) -> str | None:
         return self._mode
+
+
+def check_mode(mode: object, where: str) -> None:
+    """ValueError unless ``mode`` is "min" or "max" (a scheduler's or a stopper's: it needs one)."""
+    if mode not in ("min", "max"):
+        raise ValueError(f'{where} must be "min" or "max", got {mode!r}.')

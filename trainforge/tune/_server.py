@@ -21,20 +21,19 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainforge import Result
-from trainforge._internal.constants import ENV_JOB_ID
+from trainforge._internal.constants import ENV_ADDRESS, ENV_JOB_ID
 from trainforge._internal.trainer_job import fetch_result, trainer_job
-from trainforge.client._discovery import discover
-from trainforge.client._states import JobState
-from trainforge.server import (
+from trainforge.client import (
     Client,
     Job,
     JobConflictError,
     JobNotFoundError,
+    JobState,
     JobStatus,
     ServerError,
     ServerNotFoundError,
+    discover,
 )
-from trainforge.server._config import ENV_ADDRESS
 from trainforge.tune._experiment_info import decision_body
 
 logger = logging.getLogger("trainforge.tune")
@@ -50,7 +49,7 @@ def connect(setting: str | bool | None, *, announce: bool = False) -> Client | N
     (ServerNotFoundError, ServerError otherwise). None: in a process of a server's job (a tuner
     submitted as a job) None, so trials stay within the job's grant; else the server
     ``$TRAINFORGE_ADDRESS`` names (which must answer), else the one that
-    :func:`~trainforge.client._discovery.discover` finds (its state directory's ``address`` file) if it
+    :func:`~trainforge.client.discover` finds (its state directory's ``address`` file) if it
     answers, else None. Never starts a server.
     """
     if setting is False or (setting is None and os.environ.get(ENV_JOB_ID)):

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainforge._internal.metric_path import lookup
-from trainforge.tune.schedulers._scheduler import check_mode
+from trainforge.tune._metric_mode import check_mode
 
 
 class Stopper(abc.ABC):

@@ -29,10 +29,10 @@ from trainforge.tune._trainable import as_model_trainer, check_trainable, is_tra
 from trainforge.tune._variants import has_unresolved, validate_param_space
 from trainforge.tune._warm import warm_processes
 from trainforge.tune.schedulers import FIFOScheduler
-from trainforge.tune.search._searcher import BasicVariantGenerator, ConcurrencyLimiter, Searcher
+from trainforge.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Searcher
 
 if TYPE_CHECKING:
-    from trainforge.server import Client
+    from trainforge.client import Client
 
 logger = logging.getLogger("trainforge.tune")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from trainforge import Checkpoint
+from trainforge._internal.extras import import_xgboost
 from trainforge._internal.gbdt import ReportCallback, checkpoint_file, report_dict, report_with_model
-from trainforge.xgboost._imports import import_xgboost
 
 xgboost = import_xgboost()
 

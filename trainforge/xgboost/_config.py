@@ -72,7 +72,7 @@ class _XGBoostBackend(Backend):
 
     def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
         assert isinstance(backend_config, XGBoostConfig)
-        from trainforge.xgboost._imports import import_xgboost
+        from trainforge._internal.extras import import_xgboost
 
         import_xgboost()
         from xgboost.tracker import RabitTracker

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainforge import Checkpoint
-from trainforge._internal.extras import require
+from trainforge._internal.extras import import_xgboost, require
 from trainforge._internal.gbdt import (
     GBDTTrainer,
     import_in_background,
@@ -16,7 +16,6 @@ from trainforge._internal.gbdt import (
     split_label,
 )
 from trainforge.xgboost._config import XGBoostConfig
-from trainforge.xgboost._imports import import_xgboost
 
 
 def _legacy_loop(config: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ from trainforge._internal.http import DEFAULT_MAX_BODY
 from trainforge._internal.key_values import parse_key_values, size_arg
 from trainforge._internal.resources import MIN_CPU_PER_WORKER
 from trainforge._internal.trainer_job import NUM_WORKERS
-from trainforge.client._states import ACTIVE_STATES, JobState
+from trainforge.client import ACTIVE_STATES, JobState
 from trainforge.server._config import DEFAULT_PORT, ServerConfig, default_state_dir, parse_resources
 from trainforge.server._display import ordered_metrics
 from trainforge.server.cli.listing import (
@@ -40,6 +40,15 @@ from trainforge.server.cli.listing import (
 from trainforge.server.cli.team import add_commands as add_team_commands
 from trainforge.server.cli.team import add_start_options, start_config
 from trainforge.server.cli.team import forward as team_forward
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """The errors of the server's commands a user can cause (with a message saying what to do):
+    ``trainforge`` prints them as one line, without a traceback."""
+    from trainforge.client import ClientError
+    from trainforge.server._main import ServerRunningError, ServerStartError
+
+    return ClientError, ServerRunningError, ServerStartError
 
 
 def add_commands(sub: Any) -> None:
@@ -217,8 +226,7 @@ def _server_info(args: Any) -> tuple[str, dict[str, Any] | None]:
 
 
 def _server_status(args: Any) -> int:
-    from trainforge.client._client import Client
-    from trainforge.client._errors import ServerNotFoundError
+    from trainforge.client import Client, ServerNotFoundError
 
     state_dir, info = _server_info(args)
     if info is None:
@@ -253,7 +261,7 @@ def _server_stop(args: Any) -> int:
         print(f"no train server running (state directory {state_dir})")
         return 0
     if args.stop_jobs:
-        from trainforge.client._client import Client
+        from trainforge.client import Client
 
         with Client(info["url"], state_dir=state_dir) as client:
             for job in client.jobs(list(ACTIVE_STATES), limit=1000):
@@ -298,7 +306,7 @@ def _worker_range(text: str) -> tuple[int, int | None]:
 
 
 def _submit(args: Any) -> int:
-    from trainforge.client._client import Client
+    from trainforge.client import Client
     from trainforge.server._job_view import follow
     from trainforge.server._submission import EARLIER_TRY
 
@@ -425,7 +433,7 @@ def _priority(args: Any) -> int:
 def _dashboard(args: Any) -> int:
     """The URL that opens the dashboard: the server's, with its token (which the page turns into a
     cookie). Anyone with it can run code as the server's user: do not paste it anywhere public."""
-    from trainforge.client._discovery import discover
+    from trainforge.client import discover
     from trainforge.server._main import dashboard_url
 
     url, token = discover(args.address, None, args.state_dir)

@@ -15,7 +15,7 @@ from trainforge.server._display import column_width, cut_middle
 
 
 def client(args: Any) -> Any:
-    from trainforge.client._client import Client
+    from trainforge.client import Client
 
     return Client(args.address, state_dir=args.state_dir)
 
@@ -37,7 +37,7 @@ NAME_WIDTH = 48  # longer names are cut in the middle (Tune trials differ at the
 def _list_jobs(api: Any, states: list[str] | None, limit: int | None) -> tuple[list[Any], int | None]:
     """The newest ``limit`` jobs (every one for None) in ``states``, and how many more there are
     (None: more, but the server does not count them)."""
-    from trainforge.client._client import JobStatus
+    from trainforge.client import JobStatus
 
     jobs: list[Any] = []
     before: int | None = None
@@ -114,6 +114,10 @@ def resources_command(args: Any) -> int:
     for job_id, g in sorted(res["jobs"].items(), key=lambda kv: int(kv[0])):
         gpus = f" GPUs {','.join(g['gpu_ids'])}" if g["gpu_ids"] else ""
         print(f"  job {job_id}: {fmt_resources(g['grant'])}{gpus}")
+    if res.get("policies"):
+        print("scheduling policies:")
+        for policy in res["policies"]:
+            print(f"  {policy['name']}: {policy['description']}")
     return 0
 
 

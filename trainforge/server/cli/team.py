@@ -24,6 +24,7 @@ from typing import Any
 from trainforge._internal.amounts import fmt_number
 from trainforge.server._config import default_state_dir, parse_resources
 from trainforge.server.isolation.config import MODES, PIDS_MAX, UID_BASE, IsolationConfig
+from trainforge.server.scheduling.policies import DEFAULT_POLICIES, REGISTRY
 from trainforge.server.scheduling.team_policy import TeamPolicy, parse_duration
 
 
@@ -48,6 +49,10 @@ def add_start_options(start: argparse.ArgumentParser) -> None:
     start.add_argument("--default-quota", type=parse_resources, default=None,
                        help="the quota of users without one of their own, e.g. GPU=2,CPU=16")  # fmt: skip
     start.add_argument("--metrics-per-job", action="store_true", help="/metrics also has one series per running job")
+    start.add_argument("--policy", action="append", default=None, metavar="NAME[:ARGS]",
+                       help="a scheduling policy beside the default ones (" + ", ".join(DEFAULT_POLICIES) + "), or "
+                            "one of them with other settings; repeatable. The policies: " + ", ".join(sorted(REGISTRY))
+                            + " (e.g. max_running:2: a user runs at most 2 jobs at once; preemption:EXEMPT_S,COOLDOWN_S)")  # fmt: skip
     start.add_argument("--job-isolation", choices=MODES, default="auto",
                        help="how the jobs of a server with users are kept apart: uid (root: each user's jobs run "
                             "as a uid of their own, in a mount namespace), userns (bubblewrap), auto (default: "
@@ -70,6 +75,7 @@ def start_config(args: Any) -> dict[str, Any]:
         preempt_cooldown_s=args.preempt_cooldown if args.preempt_cooldown is not None else defaults.preempt_cooldown_s,
         member_max_priority=args.member_max_priority if args.member_max_priority is not None else 0,
         default_quota=args.default_quota, metrics_per_job=args.metrics_per_job,
+        policies=with_policies(DEFAULT_POLICIES, args.policy or []),
     )  # fmt: skip
     scrape = None
     if args.scrape_token_file:
@@ -79,6 +85,19 @@ def start_config(args: Any) -> dict[str, Any]:
     secrets = tuple(p for p in (args.scrape_token_file, getattr(args, "token_file", None)) if p)
     return {"tls_cert": args.tls_cert, "tls_key": args.tls_key, "scrape_token": scrape, "team": team,
             "isolation": isolation, "secret_files": secrets}  # fmt: skip
+
+
+def with_policies(policies: tuple[str, ...], extra: list[str]) -> tuple[str, ...]:
+    """``policies`` with each of ``extra`` (``NAME[:ARGS]``) added, or replacing the one of its name."""
+    out = list(policies)
+    for spec in extra:
+        name = spec.partition(":")[0]
+        names = [p.partition(":")[0] for p in out]
+        if name in names:
+            out[names.index(name)] = spec
+        else:
+            out.append(spec)
+    return tuple(out)
 
 
 def forward(args: Any) -> list[str]:
@@ -96,6 +115,8 @@ def forward(args: Any) -> list[str]:
         out += ["--member-max-priority", str(args.member_max_priority)]
     if args.default_quota:
         out += ["--default-quota", ",".join(f"{k}={v}" for k, v in args.default_quota.items())]
+    for spec in args.policy or []:
+        out += ["--policy", spec]
     out += [flag for flag, on in (("--no-fair-share", not args.fair_share), ("--no-preemption", not args.preemption),
                                   ("--metrics-per-job", args.metrics_per_job)) if on]  # fmt: skip
     out += ["--job-isolation", args.job_isolation, "--job-uid-base", str(args.job_uid_base),
@@ -181,8 +202,7 @@ class _Direct:
 
 def _connect(args: Any) -> Any:
     """The running server's client, or (none runs on this machine's state directory) the store."""
-    from trainforge.client._client import Client
-    from trainforge.client._errors import ServerNotFoundError
+    from trainforge.client import Client, ServerNotFoundError
     from trainforge.server._main import check_not_running
 
     try:
@@ -253,7 +273,7 @@ def _print_token(target: Any, reply: dict[str, Any], what: str) -> None:
 
 # -- the audit log, and who am I -----------------------------------------------------------------------
 def _events(args: Any) -> int:
-    from trainforge.client._client import Client
+    from trainforge.client import Client
 
     rows = Client(args.address, state_dir=args.state_dir).request(
         "GET", "/audit", params={"user": args.user, "job": args.job, "limit": args.limit})  # fmt: skip
@@ -274,7 +294,7 @@ def _events(args: Any) -> int:
 
 
 def _whoami(args: Any) -> int:
-    from trainforge.client._client import Client
+    from trainforge.client import Client
 
     me = Client(args.address, state_dir=args.state_dir).request("GET", "/whoami")
     quota = ",".join(f"{k}={fmt_number(v)}" for k, v in (me.get("quota") or {}).items()) or "none"

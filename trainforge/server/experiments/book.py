@@ -6,11 +6,14 @@ imported from their directory. The views of them (what the API answers) are
 Where the data comes from:
 
 - **A job's spec** says which experiment it is a trial of (``experiment``:
-  :class:`~trainforge.server._schemas.TrialTagIn`, set by Tune's ``ServerRun``). :meth:`sync`
-  finds the jobs submitted since it last looked, and makes (or extends) their experiment and trial.
-- **A job's events file** (the one reader, :mod:`trainforge._internal.job_events`): each sync counts
-  in the reports that came since (the trial's iterations, the metric's latest and best value,
-  :class:`~trainforge.server.experiments.trial_stats.Stats`), and the job's state becomes the trial's.
+  :class:`~trainforge.server._schemas.TrialTagIn`, set by Tune's ``ServerRun``): when such a job is
+  submitted, its experiment and trial are made (or extended).
+- **A job's events file** (the one reader, :mod:`trainforge._internal.job_events`): when the server
+  reads a trial job's new events in (its events offset moves), the trial counts in the reports that
+  came since (its iterations, the metric's latest and best value,
+  :class:`~trainforge.server.experiments.trial_stats.Stats`); when the job's state changes, it becomes
+  the trial's. Both happen in the thread that changed the job, right after its commit (a listener of
+  the store): reading an experiment never writes.
 - **A decision** (``POST /jobs/{id}/decisions``: the tuner stopped the trial at a rung, exploited,
   ...) says why the trial ended and *where*: its reports after that iteration are not the trial's.
 - **An import** (``trainforge experiments import PATH``) replaces an imported experiment whole: its
@@ -18,7 +21,8 @@ Where the data comes from:
   second experiment of one name: :class:`ExperimentOwned`).
 
 Every change bumps ``rev``, one counter for all experiments (the live stream's event id), under one
-lock; the store is written through its one writer.
+lock; the store is written through its one writer, and only the store speaks SQL
+(:class:`~trainforge.server.store.experiments.ExperimentRows`).
 """
 
 from __future__ import annotations
@@ -37,10 +41,9 @@ from trainforge.server.experiments.trial_stats import CurveCache, Stats, number
 from trainforge.server.team.users import ADMIN_PRINCIPAL, Principal
 
 if TYPE_CHECKING:
-    import sqlite3
-
     from trainforge.server.jobs.service import JobService
-    from trainforge.server.store.database import JobStore
+    from trainforge.server.store.database import JobsChanged, JobStore
+    from trainforge.server.store.experiments import ExperimentWrites, Row
 
 class ExperimentNotFound(LookupError):
     """No such experiment (HTTP 404)."""
@@ -89,16 +92,23 @@ def decision_text(d: DecisionIn, base: int) -> str:
 
 class Experiments:
     """The experiments of one server (``service``: its store and job files; None only for the
-    OpenAPI document, whose handlers never run)."""
+    OpenAPI document, whose handlers never run). Made, it takes in what the store holds that its
+    trials do not show yet (:meth:`catch_up`), and follows every change of a job from then on
+    (:meth:`JobStore.watch <trainforge.server.store.database.JobStore.watch>`): a trial is written when
+    its job is submitted, changes state or has its events read in, in the thread that made that change,
+    so that reading an experiment never writes."""
 
     def __init__(self, service: JobService | None):
         self.service = service
         self.curves = CurveCache()
         self.importance = ImportanceCache()
         self._lock = threading.RLock()
-        self._watermark: int | None = None  # the highest job id looked at
+        self._trial_jobs: set[int] = set()  # every trial's latest job: the jobs whose changes a trial follows
         self._rev: int | None = None
         self._warmed = False
+        if service is not None:
+            service.store.watch(self._on_jobs_changed)
+            self.catch_up()
 
     @property
     def store(self) -> JobStore:
@@ -111,9 +121,7 @@ class Experiments:
 
     def _current_rev(self) -> int:
         if self._rev is None:
-            row = self.store.query("SELECT MAX(r) FROM (SELECT MAX(rev) AS r FROM trials UNION ALL "
-                                   "SELECT MAX(rev) FROM decisions)")  # fmt: skip
-            self._rev = int(row[0][0] or 0)
+            self._rev = self.store.experiments.max_rev()
         return self._rev
 
     def _next_rev(self) -> int:
@@ -127,79 +135,90 @@ class Experiments:
             return self._current_rev()
 
     # -- following the trials' jobs ----------------------------------------------------------------
-    def sync(self) -> None:
-        """Take in the trial jobs submitted since the last sync, and what their jobs did since."""
+    def catch_up(self) -> None:
+        """Take in the trial jobs submitted after the latest one a trial has, and what the trials' jobs
+        did since their trial last changed: what a server stopped between a job's change and its
+        trial's (the two are separate transactions) left behind. Done once, when made."""
         with self._lock:
-            store = self.store
-            top = int(store.query("SELECT COALESCE(MAX(id), 0) FROM jobs")[0][0])
-            if self._watermark is None:
-                self._watermark = int(store.query("SELECT COALESCE(MAX(job_id), 0) FROM trials")[0][0])
-            if top > self._watermark:
-                rows = store.query(
-                    "SELECT id, name, spec, submitted_at, owner FROM jobs WHERE id > ? AND id <= ? "
-                    "AND json_extract(spec, '$.experiment.path') IS NOT NULL ORDER BY id", (self._watermark, top))
-                if rows:
-                    store.write(lambda conn: self._each(self._take_job, conn, rows))
-                self._watermark = top
-            if not self._warmed and top:
-                self._warmed = True  # Optuna's import takes a second or more: not in the first importance request
-                threading.Thread(target=warm_up, daemon=True, name="tf-importance-warmup").start()
-            changed = store.query(
-                "SELECT t.experiment_id, t.trial_id, t.jobs, t.scanned, t.reason, t.iterations, t.last, t.best, "
-                "t.best_at, t.metrics, t.started_at, j.state, j.events_offset, j.started_at AS job_started, "
-                "j.ended_at AS job_ended, j.error, e.metric, e.mode FROM trials t JOIN jobs j ON j.id = t.job_id "
-                "JOIN experiments e ON e.id = t.experiment_id "
-                "WHERE j.state IS NOT t.job_state OR j.events_offset > t.scanned")
-            if changed:
-                store.write(lambda conn: self._each(self._refresh, conn, changed))
+            rows = self.store.experiments
+            self._trial_jobs |= rows.trial_job_ids()
+            self._take(rows.trial_jobs())
+            self._refresh(rows.stale_trials())
+            if self._trial_jobs:
+                self._warm_up()
+
+    def _on_jobs_changed(self, changed: JobsChanged) -> None:
+        """The store committed a change of jobs: trial jobs submitted become (or extend) their trial,
+        and a trial whose latest job changed state or had its events read in is brought up to it."""
+        new = [i for i, spec in changed.added.items()
+               if isinstance(tag := spec.get("experiment"), dict) and tag.get("path") is not None]  # fmt: skip
+        if not new and not any(j in self._trial_jobs for j in changed.moved):  # most changes: no trial's
+            return
+        with self._lock:
+            if new:
+                self._take(self.store.experiments.trial_jobs(new))
+            moved = [j for j in changed.moved if j in self._trial_jobs]
+            if moved:
+                self._refresh(self.store.experiments.stale_trials(moved))
+
+    def _take(self, rows: list[Row]) -> None:
+        """Make (or extend) the trials of the trial jobs ``rows`` (under the lock), then bring them up
+        to what their jobs did meanwhile."""
+        if not rows:
+            return
+        self.store.experiments.change(lambda writes: self._each(self._take_job, writes, rows))
+        taken = [int(row["id"]) for row in rows]
+        self._trial_jobs.update(taken)
+        self._refresh(self.store.experiments.stale_trials(taken))
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Import Optuna in the background, once there are trials (its import takes a second or more:
+        not in the first importance request)."""
+        if not self._warmed:
+            self._warmed = True
+            threading.Thread(target=warm_up, daemon=True, name="tf-importance-warmup").start()
+
+    def _refresh(self, rows: list[Row]) -> None:
+        if rows:
+            self.store.experiments.change(lambda writes: self._each(self._refresh_trial, writes, rows))
 
     @staticmethod
-    def _each(fn: Callable[[sqlite3.Connection, sqlite3.Row], None], conn: sqlite3.Connection,
-              rows: list[sqlite3.Row]) -> None:  # fmt: skip
+    def _each(fn: Callable[[ExperimentWrites, Row], None], writes: ExperimentWrites, rows: list[Row]) -> None:
         for row in rows:
-            fn(conn, row)
+            fn(writes, row)
 
-    def _take_job(self, conn: sqlite3.Connection, row: sqlite3.Row) -> None:
+    def _take_job(self, writes: ExperimentWrites, row: Row) -> None:
         spec = json.loads(row["spec"])
         tag = spec["experiment"]
-        found = conn.execute("SELECT id FROM experiments WHERE path = ?", (tag["path"],)).fetchone()
-        if found is None:
-            cur = conn.execute(
-                "INSERT INTO experiments(path, name, tune_id, source, searcher, scheduler, metric, mode, space, "
-                "created_at, owner) VALUES (?, ?, ?, 'server', ?, ?, ?, ?, ?, ?, ?)",
-                (tag["path"], tag["name"], tag.get("tune_id"), tag.get("searcher"), tag.get("scheduler"),
-                 tag.get("metric"), tag.get("mode"), json.dumps(tag.get("space") or {}), row["submitted_at"],
-                 row["owner"]))  # fmt: skip
-            experiment_id = int(cur.lastrowid or 0)
-        else:
-            experiment_id = int(found[0])
-            conn.execute(
-                "UPDATE experiments SET source = 'server', ended_at = NULL, searcher = COALESCE(?, searcher), "
-                "scheduler = COALESCE(?, scheduler), metric = COALESCE(?, metric), mode = COALESCE(?, mode), "
-                "space = CASE WHEN ? = '{}' THEN space ELSE ? END WHERE id = ?",
-                (tag.get("searcher"), tag.get("scheduler"), tag.get("metric"), tag.get("mode"),
-                 json.dumps(tag.get("space") or {}), json.dumps(tag.get("space") or {}), experiment_id))  # fmt: skip
+        space = json.dumps(tag.get("space") or {})
+        experiment_id = writes.experiment_at(tag["path"])
+        if experiment_id is None:
+            experiment_id = writes.add_experiment(
+                path=tag["path"], name=tag["name"], tune_id=tag.get("tune_id"), source="server",
+                searcher=tag.get("searcher"), scheduler=tag.get("scheduler"), metric=tag.get("metric"),
+                mode=tag.get("mode"), space=space, created_at=row["submitted_at"], owner=row["owner"])  # fmt: skip
+        else:  # the tag's values where it has them (a server experiment again, if it was an import)
+            given = {k: tag.get(k) for k in ("searcher", "scheduler", "metric", "mode") if tag.get(k) is not None}
+            writes.set_experiment(experiment_id, source="server", ended_at=None, **given,
+                                  **({"space": space} if space != "{}" else {}))  # fmt: skip
         config = json.dumps(spec.get("config") or {})
-        trial = conn.execute("SELECT jobs, iterations FROM trials WHERE experiment_id = ? AND trial_id = ?",
-                             (experiment_id, tag["trial_id"])).fetchone()  # fmt: skip
+        trial = writes.trial(experiment_id, tag["trial_id"])
         if trial is None:
             jobs = [{"job": row["id"], "cut": None, "base": 0}]
             name = str(row["name"]).rpartition("/")[2] or tag["trial_id"]  # the job's name: "<experiment>/<trial>"
-            conn.execute(
-                "INSERT INTO trials(experiment_id, trial_id, name, config, jobs, job_id, state, rev) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (experiment_id, tag["trial_id"], name, config, json.dumps(jobs), row["id"], trial_state(None),
-                 self._next_rev()))  # fmt: skip
+            writes.add_trial(experiment_id=experiment_id, trial_id=tag["trial_id"], name=name, config=config,
+                             jobs=json.dumps(jobs), job_id=row["id"], state=trial_state(None), rev=self._next_rev())  # fmt: skip
             return
         jobs = json.loads(trial["jobs"])  # the trial goes on in a new job (PBT's exploit: a new run)
+        if any(j["job"] == row["id"] for j in jobs):
+            return  # taken already (catch_up and a commit's listener may both see a job)
         jobs.append({"job": row["id"], "cut": None, "base": int(trial["iterations"])})
-        conn.execute(
-            "UPDATE trials SET jobs = ?, job_id = ?, job_state = NULL, scanned = 0, config = ?, state = ?, "
-            "reason = NULL, ended_at = NULL, rev = ? WHERE experiment_id = ? AND trial_id = ?",
-            (json.dumps(jobs), row["id"], config, trial_state(None), self._next_rev(), experiment_id,
-             tag["trial_id"]))  # fmt: skip
+        writes.set_trial(experiment_id, tag["trial_id"], jobs=json.dumps(jobs), job_id=row["id"], job_state=None,
+                         scanned=0, config=config, state=trial_state(None), reason=None, ended_at=None,
+                         rev=self._next_rev())  # fmt: skip
 
-    def _refresh(self, conn: sqlite3.Connection, row: sqlite3.Row) -> None:
+    def _refresh_trial(self, writes: ExperimentWrites, row: Row) -> None:
         jobs = json.loads(row["jobs"])
         latest = jobs[-1]
         stats = Stats(iterations=row["iterations"], last=row["last"], best=row["best"], best_at=row["best_at"],
@@ -210,14 +229,13 @@ class Experiments:
         state = JobState(row["state"])
         if reason is None and state.terminal:
             reason = ended_reason(state, row["error"])
-        conn.execute(
-            "UPDATE trials SET job_state = ?, scanned = ?, state = ?, reason = ?, iterations = ?, last = ?, best = ?, "
-            "best_at = ?, metrics = ?, started_at = COALESCE(started_at, ?), ended_at = ?, rev = ? "
-            "WHERE experiment_id = ? AND trial_id = ?",
-            (state.value, scanned, trial_state(state, (reason or {}).get("kind")), json.dumps(reason) if reason else None,
-             stats.iterations, stats.last, stats.best, stats.best_at, json.dumps(stats.metrics) if stats.metrics else None,
-             row["job_started"], row["job_ended"] if state.terminal else None, self._next_rev(),
-             row["experiment_id"], row["trial_id"]))  # fmt: skip
+        writes.set_trial(
+            row["experiment_id"], row["trial_id"], job_state=state.value, scanned=scanned,
+            state=trial_state(state, (reason or {}).get("kind")), reason=json.dumps(reason) if reason else None,
+            iterations=stats.iterations, last=stats.last, best=stats.best, best_at=stats.best_at,
+            metrics=json.dumps(stats.metrics) if stats.metrics else None,
+            started_at=row["started_at"] if row["started_at"] is not None else row["job_started"],
+            ended_at=row["job_ended"] if state.terminal else None, rev=self._next_rev())  # fmt: skip
 
     def recount(self, jobs: list[dict[str, Any]], metric: str | None, mode: str | None) -> tuple[Stats, int]:
         """A trial's numbers counted again from all its jobs' events files (after a cut moved); the
@@ -231,15 +249,11 @@ class Experiments:
     def record(self, job_id: int, d: DecisionIn) -> DecisionOut:
         """The tuner's decision on the trial job ``job_id`` runs: recorded, the trial's reason set, its
         reports cut at the decision's iteration, and an event of the job (``tune_decision``)."""
-        with self._lock:
-            self.sync()
-            rows = self.store.query(
-                "SELECT t.experiment_id, t.trial_id, t.jobs, t.job_state, e.metric, e.mode FROM trials t "
-                "JOIN experiments e ON e.id = t.experiment_id WHERE t.job_id = ?", (job_id,))
-            if not rows:
+        with self._lock:  # the job's changes meanwhile wait for it, and are taken in after the decision
+            row = self.store.experiments.trial_of_job(job_id)
+            if row is None:
                 raise NotATrial(f"job {job_id} is not a trial of a Tune experiment here (its spec has no "
                                 "'experiment'), or is not its trial's latest job: nothing to decide on")  # fmt: skip
-            row = rows[0]
             jobs = json.loads(row["jobs"])
             if d.iteration is not None:
                 jobs[-1]["cut"] = d.iteration
@@ -253,36 +267,26 @@ class Experiments:
 
             rev = self._next_rev()
 
-            def work(conn: sqlite3.Connection) -> int:
-                cur = conn.execute(
-                    "INSERT INTO decisions(experiment_id, trial_id, job_id, ts, kind, iteration, detail, rev) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (row["experiment_id"], row["trial_id"], job_id, ts, d.kind, reason.get("iteration"),
-                     json.dumps(reason), rev))  # fmt: skip
-                conn.execute(
-                    "UPDATE trials SET jobs = ?, reason = ?, state = ?, scanned = ?, iterations = ?, last = ?, best = ?, "
-                    "best_at = ?, metrics = COALESCE(?, metrics), rev = ? WHERE experiment_id = ? AND trial_id = ?",
-                    (json.dumps(jobs), json.dumps(reason), trial_state(row["job_state"], d.kind), offset,
-                     stats.iterations, stats.last, stats.best, stats.best_at,
-                     json.dumps(stats.metrics) if stats.metrics else None, rev, row["experiment_id"],
-                     row["trial_id"]))  # fmt: skip
-                self.store.add_event(conn, job_id, JobEvent.TUNE_DECISION, {"trial_id": row["trial_id"], **reason})
-                return int(cur.lastrowid or 0)
+            def work(writes: ExperimentWrites) -> int:
+                seq = writes.add_decision(experiment_id=row["experiment_id"], trial_id=row["trial_id"], job_id=job_id,
+                                          ts=ts, kind=d.kind, iteration=reason.get("iteration"),
+                                          detail=json.dumps(reason), rev=rev)  # fmt: skip
+                writes.set_trial(row["experiment_id"], row["trial_id"], jobs=json.dumps(jobs), reason=json.dumps(reason),
+                                 state=trial_state(row["job_state"], d.kind), scanned=offset,
+                                 iterations=stats.iterations, last=stats.last, best=stats.best, best_at=stats.best_at,
+                                 rev=rev, **({"metrics": json.dumps(stats.metrics)} if stats.metrics else {}))  # fmt: skip
+                writes.add_job_event(job_id, JobEvent.TUNE_DECISION, {"trial_id": row["trial_id"], **reason})
+                return seq
 
-            seq = self.store.write(work)
-            self.sync()  # the job's state may have moved meanwhile
+            seq = self.store.experiments.change(work)
         return DecisionOut(seq=seq, experiment_id=row["experiment_id"], trial_id=row["trial_id"], job_id=job_id, ts=ts,
                            kind=d.kind, iteration=reason.get("iteration"), detail=reason, rev=rev)  # fmt: skip
 
     def cut_of(self, job_id: int) -> int | None:
         """Where a tuner's stop decision ended the trial job ``job_id`` runs (its iteration in the job),
         or None: the job's charts end there too."""
-        rows = self.store.query("SELECT jobs FROM trials WHERE job_id = ?", (job_id,))
-        if not rows and self.store.query("SELECT 1 FROM jobs WHERE id = ? AND json_extract(spec, '$.experiment.path') "
-                                         "IS NOT NULL", (job_id,)):  # an earlier job of a trial (PBT)  # fmt: skip
-            rows = self.store.query("SELECT jobs FROM trials WHERE instr(jobs, ?) > 0", (f'"job": {job_id},',))
-        for row in rows:
-            for j in json.loads(row["jobs"]):
+        for jobs in self.store.experiments.jobs_of_trials_with(job_id):
+            for j in json.loads(jobs):
                 if j["job"] == job_id:
                     return j["cut"]  # type: ignore[no-any-return]
         return None
@@ -292,14 +296,13 @@ class Experiments:
         """Put an experiment read from its directory in, imported by ``who`` (replacing an earlier
         import of it: ``who``'s own, or any if ``who`` is an admin); its id. An experiment whose trials
         ran as jobs here is not replaced (NotATrial), nor another user's import (ExperimentOwned)."""
-        with self._lock:
-            self.sync()  # trial jobs not looked at yet may have made it a server experiment
-            found = self.store.query("SELECT id, source, owner FROM experiments WHERE path = ?", (body.path,))
-            if found and found[0]["source"] == "server":
-                raise NotATrial(f"the experiment at {body.path!r} is experiment {found[0]['id']} here already, its "
-                                f"trials ran as this server's jobs: see /experiments/{found[0]['id']}")  # fmt: skip
-            if found and found[0]["owner"] != who.name and not who.is_admin:
-                owner, known = found[0]["owner"], found[0]["id"]
+        with self._lock:  # trial jobs were taken in as they came: one may have made it a server experiment
+            found = self.store.experiments.experiment_by_path(body.path)
+            if found is not None and found["source"] == "server":
+                raise NotATrial(f"the experiment at {body.path!r} is experiment {found['id']} here already, its "
+                                f"trials ran as this server's jobs: see /experiments/{found['id']}")  # fmt: skip
+            if found is not None and found["owner"] != who.name and not who.is_admin:
+                owner, known = found["owner"], found["id"]
                 raise ExperimentOwned(
                     f"the experiment at {body.path!r} is experiment {known} here, imported by {owner!r}: only they or an "
                     f"admin may import it again. See /experiments/{known}, or copy the directory elsewhere and import "
@@ -307,32 +310,25 @@ class Experiments:
                 )
             now = time.time()
 
-            def work(conn: sqlite3.Connection) -> int:
-                if found:
-                    experiment_id = int(found[0]["id"])
-                    conn.execute("DELETE FROM trials WHERE experiment_id = ?", (experiment_id,))
-                    conn.execute("DELETE FROM decisions WHERE experiment_id = ?", (experiment_id,))
-                    conn.execute(
-                        "UPDATE experiments SET name = ?, tune_id = ?, searcher = ?, scheduler = ?, metric = ?, mode = ?, "
-                        "space = ?, ended_at = ? WHERE id = ?",
-                        (body.name, body.tune_id, body.searcher, body.scheduler, body.metric, body.mode,
-                         json.dumps({k: v.model_dump() for k, v in body.space.items()}), body.saved_at or now,
-                         experiment_id))  # fmt: skip
+            space = json.dumps({k: v.model_dump() for k, v in body.space.items()})
+            described = dict(name=body.name, tune_id=body.tune_id, searcher=body.searcher, scheduler=body.scheduler,
+                             metric=body.metric, mode=body.mode, space=space, ended_at=body.saved_at or now)  # fmt: skip
+
+            def work(writes: ExperimentWrites) -> int:
+                if found is not None:
+                    experiment_id = int(found["id"])
+                    writes.clear_experiment(experiment_id)
+                    writes.set_experiment(experiment_id, **described)
                 else:
-                    cur = conn.execute(
-                        "INSERT INTO experiments(path, name, tune_id, source, searcher, scheduler, metric, mode, space, "
-                        "created_at, ended_at, owner) VALUES (?, ?, ?, 'import', ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (body.path, body.name, body.tune_id, body.searcher, body.scheduler, body.metric, body.mode,
-                         json.dumps({k: v.model_dump() for k, v in body.space.items()}), now, body.saved_at or now,
-                         who.name))  # fmt: skip
-                    experiment_id = int(cur.lastrowid or 0)
+                    experiment_id = writes.add_experiment(path=body.path, source="import", created_at=now,
+                                                          owner=who.name, **described)  # fmt: skip
                 for trial in body.trials:
-                    self._import_trial(conn, experiment_id, trial, body.metric, body.mode)
+                    self._import_trial(writes, experiment_id, trial, body.metric, body.mode)
                 return experiment_id
 
-            return int(self.store.write(work))
+            return self.store.experiments.change(work)
 
-    def _import_trial(self, conn: sqlite3.Connection, experiment_id: int, trial: ImportTrialIn, metric: str | None,
+    def _import_trial(self, writes: ExperimentWrites, experiment_id: int, trial: ImportTrialIn, metric: str | None,
                       mode: str | None) -> None:  # fmt: skip
         decisions = list(trial.decisions)
         if not decisions and trial.status == TrialState.TERMINATED and trial.pruned:
@@ -366,18 +362,15 @@ class Experiments:
         state = trial.status if trial.status.ended else TrialState.PENDING
         history = {k: [p for p in points if cut is None or p[0] <= cut] for k, points in trial.history.items()}
         rev = self._next_rev()
-        conn.execute(
-            "INSERT INTO trials(experiment_id, trial_id, name, config, jobs, state, reason, iterations, last, best, "
-            "best_at, metrics, history, checkpoint, started_at, ended_at, rev) "
-            "VALUES (?, ?, ?, ?, '[]', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (experiment_id, trial.trial_id, trial.name, json.dumps(trial.config), state, json.dumps(reason),
-             stats.iterations, stats.last, stats.best, stats.best_at, json.dumps(stats.metrics) if stats.metrics else None,
-             json.dumps(history), trial.checkpoint, trial.started_at, trial.ended_at, rev))  # fmt: skip
+        writes.add_trial(
+            experiment_id=experiment_id, trial_id=trial.trial_id, name=trial.name, config=json.dumps(trial.config),
+            jobs="[]", state=state, reason=json.dumps(reason), iterations=stats.iterations, last=stats.last,
+            best=stats.best, best_at=stats.best_at, metrics=json.dumps(stats.metrics) if stats.metrics else None,
+            history=json.dumps(history), checkpoint=trial.checkpoint, started_at=trial.started_at,
+            ended_at=trial.ended_at, rev=rev)  # fmt: skip
         for d in decisions:
             detail = {**{k: v for k, v in d.model_dump().items() if v is not None}, "text": decision_text(d, 0)}
-            conn.execute(
-                "INSERT INTO decisions(experiment_id, trial_id, job_id, ts, kind, iteration, detail, rev) "
-                "VALUES (?, ?, NULL, ?, ?, ?, ?, ?)",
-                (experiment_id, trial.trial_id, trial.ended_at or time.time(), d.kind, d.iteration, json.dumps(detail),
-                 rev))  # fmt: skip
+            writes.add_decision(experiment_id=experiment_id, trial_id=trial.trial_id, job_id=None,
+                                ts=trial.ended_at or time.time(), kind=d.kind, iteration=d.iteration,
+                                detail=json.dumps(detail), rev=rev)  # fmt: skip
 

@@ -25,15 +25,12 @@ from trainforge.server.experiments.schemas import (
 )
 from trainforge.server.experiments.trial_stats import better, thin
 
-_SUMMARY = ("experiment_id, trial_id, state, json_extract(reason, '$.kind') AS kind, last, job_id, checkpoint, config, "
-            "started_at, ended_at")
-
 
 def _experiment_row(ex: Experiments, experiment_id: int) -> Any:
-    rows = ex.store.query("SELECT * FROM experiments WHERE id = ?", (experiment_id,))
-    if not rows:
+    row = ex.store.experiments.experiment(experiment_id)
+    if row is None:
         raise ExperimentNotFound(f"no experiment {experiment_id} on this server: GET /api/v1/experiments lists them")
-    return rows[0]
+    return row
 
 
 def summary(row: Any, trials: list[Any]) -> ExperimentOut:
@@ -42,8 +39,7 @@ def summary(row: Any, trials: list[Any]) -> ExperimentOut:
     best: Any = None
     for t in trials:
         counts[t["state"]] = counts.get(t["state"], 0) + 1
-        if t["last"] is not None and not _failed(t) and (
-                best is None or better(t["last"], best["last"], row["mode"])):  # fmt: skip
+        if t["last"] is not None and not _failed(t) and (best is None or better(t["last"], best["last"], row["mode"])):
             best = t
     pruned = sum(t["state"] == TrialState.TERMINATED and t["kind"] == TrialDecision.PRUNED for t in trials)
     live = any(_live(t) for t in trials) and row["source"] == "server"
@@ -75,19 +71,16 @@ def _live(t: Any) -> bool:
 
 
 def list_experiments(ex: Experiments) -> list[ExperimentOut]:
-    ex.sync()
-    rows = ex.store.query("SELECT * FROM experiments ORDER BY id DESC")
+    rows = ex.store.experiments.experiments()
     trials: dict[int, list[Any]] = {}
-    for t in ex.store.query(f"SELECT {_SUMMARY} FROM trials"):
+    for t in ex.store.experiments.trial_summaries():
         trials.setdefault(t["experiment_id"], []).append(t)
     return [summary(r, trials.get(r["id"], [])) for r in rows]
 
 
-def get_experiment(ex: Experiments, experiment_id: int, *, sync: bool = True) -> ExperimentOut:
-    if sync:
-        ex.sync()
+def get_experiment(ex: Experiments, experiment_id: int) -> ExperimentOut:
     row = _experiment_row(ex, experiment_id)
-    return summary(row, ex.store.query(f"SELECT {_SUMMARY} FROM trials WHERE experiment_id = ?", (experiment_id,)))
+    return summary(row, ex.store.experiments.trial_summaries(experiment_id))
 
 
 def trial_out(row: Any) -> TrialOut:
@@ -107,42 +100,27 @@ def params_of(space: dict[str, Any], trials: list[TrialOut]) -> list[str]:
     return [*space, *rest]
 
 
-def trials(ex: Experiments, experiment_id: int, *, states: list[str] | None = None, after_rev: int | None = None,
-           sync: bool = True) -> TrialListOut:  # fmt: skip
+def trials(ex: Experiments, experiment_id: int, *, states: list[str] | None = None,
+           after_rev: int | None = None) -> TrialListOut:  # fmt: skip
     """The experiment's trials (in ``states``; changed after ``after_rev``), by trial id."""
-    if sync:
-        ex.sync()
     rev = ex.rev
-    experiment = get_experiment(ex, experiment_id, sync=False)
-    sql = "SELECT * FROM trials WHERE experiment_id = ?"
-    args: list[Any] = [experiment_id]
-    if states:
-        sql += f" AND state IN ({','.join('?' * len(states))})"
-        args += states
-    if after_rev is not None:
-        sql += " AND rev > ?"
-        args.append(after_rev)
-    out = [trial_out(r) for r in ex.store.query(sql + " ORDER BY trial_id", args)]
+    experiment = get_experiment(ex, experiment_id)
+    out = [trial_out(r) for r in ex.store.experiments.trials(experiment_id, states=states, after_rev=after_rev)]
     return TrialListOut(experiment=experiment, params=params_of(experiment.space, out), trials=out, rev=rev)
 
 
 def decisions(ex: Experiments, experiment_id: int, *, after_rev: int | None = None) -> list[DecisionOut]:
     _experiment_row(ex, experiment_id)
-    sql, args = "SELECT * FROM decisions WHERE experiment_id = ?", [experiment_id]
-    if after_rev is not None:
-        sql += " AND rev > ?"
-        args.append(after_rev)
     return [DecisionOut(seq=r["seq"], experiment_id=r["experiment_id"], trial_id=r["trial_id"], job_id=r["job_id"],
                         ts=r["ts"], kind=r["kind"], iteration=r["iteration"], detail=json.loads(r["detail"]),
                         rev=r["rev"])
-            for r in ex.store.query(sql + " ORDER BY seq", args)]  # fmt: skip
+            for r in ex.store.experiments.decisions(experiment_id, after_rev=after_rev)]  # fmt: skip
 
 
 def history(ex: Experiments, experiment_id: int) -> HistoryOut:
     """The best value so far after each finished trial (errored ones left out), by when each ended."""
-    ex.sync()
     row = _experiment_row(ex, experiment_id)
-    rows = ex.store.query(f"SELECT {_SUMMARY} FROM trials WHERE experiment_id = ?", (experiment_id,))
+    rows = ex.store.experiments.trial_summaries(experiment_id)
     starts = [r["started_at"] for r in rows if r["started_at"] is not None]
     t0 = min(starts) if starts else None
     done = [r for r in rows if TrialState(r["state"]).ended and not _failed(r) and r["last"] is not None]
@@ -160,20 +138,18 @@ def curves(ex: Experiments, experiment_id: int, metric: str | None, points: int,
            only: list[str] | None = None) -> CurvesOut:  # fmt: skip
     """``metric`` (default: the experiment's) of every trial (or those ``only`` names), report by report,
     each trial thinned to ``points`` points, ending where a stop decision ended it."""
-    ex.sync()
     row = _experiment_row(ex, experiment_id)
     metric = metric or row["metric"]
-    sql = "SELECT trial_id, state, json_extract(reason, '$.kind') AS kind, jobs, history, reason FROM trials WHERE experiment_id = ?"
-    args: list[Any] = [experiment_id]
     keys: set[str] = set()
     out: dict[str, CurveOut] = {}
-    for t in ex.store.query(sql + " ORDER BY trial_id", args):
+    for t in ex.store.experiments.trials(experiment_id, columns="curves"):
         if only and t["trial_id"] not in only:
             continue
         its: list[int] = []
         ts: list[float] = []
         vs: list[float] = []
         cut = None
+        reason_kind = (json.loads(t["reason"]) if t["reason"] else {}).get("kind")
         if t["history"]:  # an imported trial (its history ends where a decision ended it)
             hist = json.loads(t["history"])
             cut = (json.loads(t["reason"]) if t["reason"] else {}).get("iteration")
@@ -197,7 +173,7 @@ def curves(ex: Experiments, experiment_id: int, metric: str | None, points: int,
         out[t["trial_id"]] = CurveOut(
             i=[its[k] for k in keep], v=[None if math.isnan(vs[k]) else vs[k] for k in keep],
             t=[None if math.isnan(ts[k]) or first is None else ts[k] - first for k in keep],
-            cut=cut, state=t["state"], pruned=t["state"] == TrialState.TERMINATED and t["kind"] == TrialDecision.PRUNED,
+            cut=cut, state=t["state"], pruned=t["state"] == TrialState.TERMINATED and reason_kind == TrialDecision.PRUNED,
         )  # fmt: skip
     return CurvesOut(metric=metric, metrics=sorted(keys), trials=out)
 
@@ -205,15 +181,11 @@ def curves(ex: Experiments, experiment_id: int, metric: str | None, points: int,
 def importance(ex: Experiments, cache: ImportanceCache, experiment_id: int, evaluator: str) -> ImportanceOut:
     """Parameter importance over the experiment's completed trials (TERMINATED, not pruned: their
     values are comparable; kept until one more ends)."""
-    ex.sync()
     row = _experiment_row(ex, experiment_id)
-    key = tuple(ex.store.query("SELECT COUNT(*), MAX(rev) FROM trials WHERE experiment_id = ? AND state IN (?, ?)",
-                               (experiment_id, TrialState.TERMINATED, TrialState.ERROR))[0])  # fmt: skip
+    key = ex.store.experiments.ended_version(experiment_id, [s.value for s in TrialState if s.active])
 
     def make() -> dict[str, Any]:
-        done = ex.store.query("SELECT config, last FROM trials WHERE experiment_id = ? AND state = ? AND "
-                              "json_extract(reason, '$.kind') IS NOT ? AND last IS NOT NULL",
-                              (experiment_id, TrialState.TERMINATED, TrialDecision.PRUNED))  # fmt: skip
+        done = ex.store.experiments.results(experiment_id, TrialState.TERMINATED, but_kind=TrialDecision.PRUNED)
         rows = [{"config": json.loads(r["config"]), "value": r["last"]} for r in done]
         return compute(rows, json.loads(row["space"] or "{}"), row["mode"], evaluator)
 

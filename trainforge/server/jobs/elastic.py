@@ -5,8 +5,9 @@ no waiting job lacks (:meth:`Elastic.grow`) and are asked back when the first wa
 re-reads it at every sizing decision and resizes the group at its next committed checkpoint, so no
 work is lost; the job's events then say it runs at the new size (:meth:`Elastic.resized`).
 
-It works on the service's resource tables (``grants``: job id -> what it holds; ``gpu_owner``: GPU
-id -> job id), under the service's lock.
+What a job holds, and which GPUs, is the :class:`~trainforge.server.scheduling.ledger.ResourceLedger`'s:
+a grow or a shrink is a :meth:`~trainforge.server.scheduling.ledger.ResourceLedger.resize` there at
+``now`` (its user is charged the new size from then on). Called under the service's lock.
 """
 
 from __future__ import annotations
@@ -15,21 +16,19 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from trainforge.client._states import JobEvent
+from trainforge.client import JobEvent
 from trainforge.server.jobs.files import JobFiles
 from trainforge.server.jobs.tailer import Sized
-from trainforge.server.scheduling.rule import JobRequest, free_resources
+from trainforge.server.scheduling.ledger import ResourceLedger
+from trainforge.server.scheduling.rule import JobRequest
 from trainforge.server.store.database import JobRow, JobStore
 
 _EPS = 1e-9
 
 
 class Elastic:
-    def __init__(self, capacity: dict[str, float], grants: dict[int, dict[str, float]], gpu_owner: dict[str, int],
-                 store: JobStore, files: JobFiles, get_job: Callable[[int], JobRow]):  # fmt: skip
-        self.capacity = capacity
-        self.grants = grants
-        self.gpu_owner = gpu_owner
+    def __init__(self, ledger: ResourceLedger, store: JobStore, files: JobFiles, get_job: Callable[[int], JobRow]):
+        self.ledger = ledger
         self.store = store
         self.files = files
         self._get_job = get_job
@@ -50,7 +49,7 @@ class Elastic:
         self.shrinking.pop(job_id, None)
         self.world.pop(job_id, None)
 
-    def shrink(self, waiting: JobRequest | None) -> None:
+    def shrink(self, waiting: JobRequest | None, now: float) -> None:
         """Take lent workers back for ``waiting``, the first waiting job that is not held (the
         decision's ``blocked``): when it lacks resources that extras hold, the lending jobs (lowest
         priority first, then newest first) are asked to shrink, never below their minimum, just
@@ -61,7 +60,7 @@ class Elastic:
         blocked job is looked at, so this stays cheap however long the queue."""
         if waiting is None or not self.shapes:
             return
-        free = free_resources(self.capacity, self.grants.values())
+        free = self.ledger.free()
         for job_id, target in self.shrinking.items():  # what shrinks under way will give back
             request, workers = self.shapes[job_id]
             for k, v in request.per_worker.items():
@@ -103,14 +102,14 @@ class Elastic:
         return {job_id: {k: (workers - request.min_workers) * v for k, v in request.per_worker.items()}
                 for job_id, (request, workers) in self.shapes.items() if workers > request.min_workers}  # fmt: skip
 
-    def grow(self, reserved: set[str], headroom: Callable[[int], dict[str, float] | None] | None = None) -> None:
+    def grow(self, reserved: set[str], headroom: Callable[[int], dict[str, float] | None] | None, now: float) -> None:
         """Running elastic jobs below their maximum take free resources that no waiting job lacks:
         their grant file grows, and the core resizes the group at its next checkpoint (it re-reads
         the file at every sizing decision). Growing only into what no waiting job lacks
         (``reserved``: the kinds they lack) is what keeps grow and :meth:`shrink` from ping-ponging;
         a job being shrunk does not grow. ``headroom(job_id)``: how much more its user's quota lets it
-        hold, by kind (None: no limit)."""
-        free = free_resources(self.capacity, self.grants.values())
+        hold, by kind (None: no limit); ``now``: when (what grows is charged from then)."""
+        free = self.ledger.free()
         for job_id in sorted(self.shapes):
             request, workers = self.shapes[job_id]
             kinds = {k for k, v in request.per_worker.items() if v > 0}
@@ -130,7 +129,7 @@ class Elastic:
             for k, v in request.per_worker.items():
                 free[k] = free.get(k, 0.0) - extra * v
             self.shapes[job_id] = (request, workers)
-            self.grants[job_id] = grant
+            self.ledger.resize(job_id, grant, now)
             self.files.write_grant(job_id, request, workers)
             self.store.update(job_id, JobEvent.GROW, {"workers": workers, "grant": grant}, workers=workers, grant=grant)
 
@@ -139,14 +138,14 @@ class Elastic:
         the service's lock."""
         return sized.news or sized.resized is not None or job_id in self.shrinking
 
-    def resized(self, job_id: int, sized: Sized) -> bool:
+    def resized(self, job_id: int, sized: Sized, now: float) -> bool:
         """What the job's new events show of its group size (under the service's lock). Its grant
         here shrinks, and True is returned (the resources it gave back go to the waiting jobs: the
         caller schedules), when it resized to fewer workers than it holds (the shrink asked for;
         after a server restart ``shrinking`` is empty, but the grant file it resized to still said
         the smaller size), or when it was asked to shrink to a size it already runs within (a grow
         it had not applied yet). A grow resize needs nothing: its grant grew first. Recorded as a
-        ``shrunk`` event."""
+        ``shrunk`` event; its user is charged the smaller grant from ``now``."""
         shape = self.shapes.get(job_id)
         if shape is None:
             return False
@@ -167,14 +166,13 @@ class Elastic:
             del self.shrinking[job_id]
         grant = request.request(workers)
         self.shapes[job_id] = (request, workers)
-        self.grants[job_id] = grant
         fields: dict[str, Any] = {"workers": workers, "grant": grant}
         keep = math.ceil(grant.get("GPU", 0.0) - 1e-9)
-        gpu_ids = [g for g, owner in self.gpu_owner.items() if owner == job_id]
+        gpu_ids = self.ledger.gpu_ids(job_id)
+        kept = None
         if len(gpu_ids) > keep:  # its workers use the first of its CUDA_VISIBLE_DEVICES: free the rest
-            ordered = [g for g in self._get_job(job_id).gpu_ids or [] if g in gpu_ids]
-            for gpu in ordered[keep:]:
-                del self.gpu_owner[gpu]
-            fields["gpu_ids"] = ordered[:keep]
+            kept = [g for g in self._get_job(job_id).gpu_ids or [] if g in gpu_ids][:keep]
+            fields["gpu_ids"] = kept
+        self.ledger.resize(job_id, grant, now, gpu_ids=kept)
         self.store.update(job_id, JobEvent.SHRUNK, {"workers": workers, "grant": grant}, **fields)
         return True

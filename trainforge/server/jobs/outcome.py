@@ -13,7 +13,7 @@ import signal
 from typing import Any
 
 from trainforge._internal.run_outcome import FailureClass, RunOutcome, RunStatus
-from trainforge.client._states import JobEvent, JobState
+from trainforge.client import JobEvent, JobState
 from trainforge.server.store.database import Change, JobRow
 
 

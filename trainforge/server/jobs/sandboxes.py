@@ -35,7 +35,7 @@ import sysconfig
 from trainforge._internal import sandbox
 from trainforge._internal.sandbox import Bind, JobCgroup, Plan
 from trainforge._internal.zygote import STARTUP_VARS
-from trainforge.client._states import ACTIVE_STATES
+from trainforge.client import ACTIVE_STATES
 from trainforge.server.isolation.mechanism import Isolation
 from trainforge.server.jobs.runner import (
     EVENTS_FILE,

@@ -8,14 +8,20 @@ server killed at any point finds on restart what it had started.
 
 Its collaborators: the waiting jobs in start order (``_waiting``), the job directories
 (``_job_files``), launching a runner (``_launch``: its environment, sandbox, credential and cgroup),
-the runner processes (``_processes``: starting, waiting, adopting, killing), who holds which GPU
-(``_gpus``), the events tailer (``_tailer``), the elastic jobs' sizes (``_elastic``), how a run
-ended (``_outcome``), the usage sampler (``_usage``), and, for a server a team shares, its users
-(``_users``), their jobs' sandboxes (``_sandboxes``) and what quotas, fair share and preemption need.
+the runner processes (``_processes``: starting, waiting, adopting, killing), the events tailer
+(``_tailer``), the elastic jobs' sizes (``_elastic``), how a run ended (``_outcome``), the usage
+sampler (``_usage``), the scheduling rules' side (``scheduling``: the
+:class:`~trainforge.server.scheduling.ledger.ResourceLedger`, the only owner of what running jobs
+hold, which GPUs and whose usage; the policies; the preemption executor; the counters; the alarm
+that decides again at the next moment a time-based rule could change the answer, such as a
+preemptible job passing its exemption) and, for a server a team shares, its users (``_users``) and
+their jobs' sandboxes (``_sandboxes``).
 
 Threads: the API's (any number) call the public methods; one waiter per runner (``Popen.wait`` for
 a runner this server started, a pidfd for one it reattached); one tailer that reads the runners'
-event files every 50 ms. Scheduling runs under one lock, on the thread whose event caused it.
+event files every 50 ms; the scheduler's alarm, only while a time-based rule waits for a moment.
+Scheduling runs under one lock, on the thread whose event (or alarm) caused it. Time comes from
+``clock`` (tests pass their own).
 """
 
 from __future__ import annotations
@@ -25,13 +31,14 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psutil
 
 from trainforge._internal.run_outcome import FailureClass
 from trainforge._internal.state_files import write_atomic
-from trainforge.client._states import ACTIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobEvent, JobState
+from trainforge.client import ACTIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobEvent, JobState
 from trainforge.server._crash import crash_point
 from trainforge.server.isolation.config import IsolationConfig
 from trainforge.server.isolation.mechanism import Isolation
@@ -42,18 +49,11 @@ from trainforge.server.jobs.launch import Launcher, LaunchError
 from trainforge.server.jobs.outcome import broken, run_ended
 from trainforge.server.jobs.processes import Processes, alive
 from trainforge.server.jobs.sandboxes import JobSandboxes, server_start_env
+from trainforge.server.jobs.scheduling import Scheduling
 from trainforge.server.jobs.tailer import EventsTailer, Sized
-from trainforge.server.jobs.team_state import TeamState
 from trainforge.server.jobs.usage import UsageSampler
-from trainforge.server.scheduling.gpus import GpuOwners
-from trainforge.server.scheduling.rule import (
-    Decision,
-    JobRequest,
-    Pending,
-    check_fits,
-    decide,
-    free_resources,
-)
+from trainforge.server.scheduling.decision import Decision, Pending
+from trainforge.server.scheduling.rule import JobRequest, check_fits
 from trainforge.server.scheduling.team_policy import TeamPolicy
 from trainforge.server.scheduling.waiting import WaitingQueue
 from trainforge.server.store.database import JobRow, JobStore
@@ -74,7 +74,7 @@ def request_of(job: JobRow) -> JobRequest:
 class JobService:
     def __init__(self, state_dir: str, capacity: dict[str, float], *, durable: bool = False, stop_grace_s: float = 10.0,
                  warm: bool = True, team: TeamPolicy | None = None, isolation: Isolation | None = None,
-                 secret_files: tuple[str, ...] = ()):  # fmt: skip
+                 secret_files: tuple[str, ...] = (), clock: Callable[[], float] = time.time):  # fmt: skip
         self.state_dir = state_dir
         self.warm = warm
         self.jobs_dir = os.path.join(state_dir, "jobs")
@@ -84,13 +84,11 @@ class JobService:
         self.store = JobStore(os.path.join(state_dir, "state.db"), durable=durable)
         self.server_id = self._server_id()
         self._lock = threading.RLock()
+        self.clock = clock
         self._waiting = WaitingQueue()  # queued or held, in start order
-        self._grants: dict[int, dict[str, float]] = {}  # jobs holding resources
-        self.gpus = GpuOwners(self.capacity.get("GPU", 0.0))
         self._decision: Decision | None = None  # the latest; its reasons are worked out when asked for
         self._closing = threading.Event()
         self._tail_thread: threading.Thread | None = None
-        self.last_decision_s = 0.0
         self.started_at = time.time()
         self.users = UserBook(self.store)
         # None (a service made by hand, as unit tests do): no sandbox, no cgroup (serve() chooses one)
@@ -102,11 +100,12 @@ class JobService:
         self.job_tokens = JobTokens(self.store)
         self.launcher = Launcher(self.processes, self.sandboxes, self.job_tokens, self.server_id)
         self.tailer = EventsTailer(self.store, self.files.events, self.get)
-        self.elastic = Elastic(self.capacity, self._grants, self.gpus.owner, self.store, self.files, self.get)
         self.usage = UsageSampler(self.active_jobs, self.processes.jobs_processes, self.sandboxes.cgroup)
         self.audit = AuditLog(self.store)
-        self.team = TeamState(self.store, self.capacity, self._grants, team or TeamPolicy(), self.users,
-                              self._stop_preempted, self._lock)
+        self.scheduling = Scheduling(self.store, self.capacity, team or TeamPolicy(), self.users, self._stop_preempted,
+                                     lock=self._lock, on_alarm=self._schedule, clock=clock)  # fmt: skip
+        self.ledger = self.scheduling.ledger
+        self.elastic = Elastic(self.ledger, self.store, self.files, self.get)
 
     def _server_id(self) -> str:
         path = os.path.join(self.state_dir, "server_id")
@@ -133,12 +132,10 @@ class JobService:
                     counts["broken"] += 1
                     continue
                 self._waiting.put(request_of(job))
-                self.team.waiting(job)
                 counts["queued"] += 1
             for job in self.store.jobs(ACTIVE_STATES, newest_first=False):
-                self._grants[job.id] = dict(job.grant or {})
-                self.team.track(job)
-                self.gpus.hold(job.id, job.gpu_ids or [])
+                self.scheduling.hold(job, job.grant or {}, self.clock(), started_at=job.started_at)
+                self.ledger.hold_gpus(job.id, job.gpu_ids or [])
                 self.tailer.track(job.id, job.events_offset)
                 if job.workers:
                     self.elastic.track(job.id, request_of(job), job.workers)
@@ -183,9 +180,10 @@ class JobService:
         """Stop following the jobs (they keep running; the next server reattaches them). The zygote
         stops serving and exits once the processes it forked have ended."""
         self._closing.set()
+        self.scheduling.alarm.close()
         self.usage.close()
         with self._lock:
-            self.team.accounting.persist(time.time())
+            self.ledger.accounting.persist(self.clock())
         self.audit.close()
         self.processes.close()
         if self._tail_thread is not None:
@@ -214,7 +212,7 @@ class JobService:
         inside the transaction that inserts its row, moved to ``jobs/<id>``; the commit comes last. A
         crash before the commit leaves no job (the staging directory, or a ``jobs/<id>`` without a
         row, is swept at the next start); after it, a whole one."""
-        check_fits(JobRequest.from_spec(spec, user=owner), self.capacity, self.team.quota(owner))
+        check_fits(JobRequest.from_spec(spec, user=owner), self.capacity, self.scheduling.quota(owner))
         digest = submission_digest(name=name, spec={**spec, "preemptible": preemptible}, trainer_blob=trainer_blob,
                                    priority=priority, hold=hold, max_retries=max_retries)  # fmt: skip
         if submission_id is not None:
@@ -238,7 +236,7 @@ class JobService:
                 crash_point("submit:committed")
                 if not created:  # the same key raced in from another request
                     return resubmitted(job, submission_id, digest), False
-                self.team.submissions[owner] += 1
+                self.scheduling.counters.submissions[owner] += 1
                 self._waiting.put(request_of(job))
                 self._schedule()
         return self.get(job.id), True
@@ -336,7 +334,7 @@ class JobService:
             if job.state not in ACTIVE_STATES:
                 raise ConflictError(f"job {job_id} already ended ({job.state}); nothing to stop")
             runner = self.processes.runners.get(job_id)
-            self.team.stopping(job_id)
+            self.ledger.stopping(job_id)
             if job.state != JobState.STOPPING or job.preempting:  # stopped while preempted: it ends STOPPED
                 self.store.update(job_id, JobEvent.STOPPING, {"grace_s": grace, "force": force}, state=JobState.STOPPING,
                                   preempted_at=None if job.preempting else job.preempted_at)  # fmt: skip
@@ -353,20 +351,18 @@ class JobService:
         with self._lock:
             if self._closing.is_set():
                 return
-            now = time.time()
-            running, team = self.team.inputs(self._waiting, self.elastic.lendable(), now)
-            t0 = time.perf_counter()
-            decision = decide(self._waiting, running, self.capacity, team)
-            self.last_decision_s = time.perf_counter() - t0
-            self.team.decisions.observe(self.last_decision_s)
-            self._decision = decision
+            now = self.clock()
+            decision = self._decision = self.scheduling.decide(self._waiting, self.elastic.lendable(), now)
             for start in decision.starts:
-                self.team.started(self._waiting[start.job_id], now)
                 self._start(start.job_id, start.workers, start.grant)
-            self.team.preempt(decision.preempt, decision.blocked, now)
-            self.elastic.shrink(self._waiting.get(decision.blocked) if decision.blocked is not None else None)
-            self.elastic.grow(decision.reserved, self.team.headroom)
-            self.team.settle(now)  # what started or grew is charged from now
+            blocked = self._waiting.get(decision.blocked) if decision.blocked is not None else None
+            self.elastic.shrink(blocked, now)
+            self.elastic.grow(decision.reserved, self.scheduling.headroom, now)
+            self.scheduling.carry_out(decision, blocked, now)  # preemptions; the alarm, for a time-based rule
+
+    @property
+    def last_decision_s(self) -> float:
+        return self.scheduling.counters.last_decision_s
 
     def _stop_preempted(self, job_id: int) -> None:
         self.processes.stop_job(job_id, grace_s=self.stop_grace_s)
@@ -379,7 +375,7 @@ class JobService:
         same in what the scheduler keeps of their waiting and running jobs; that name, and how many jobs."""
         with self._lock:
             tombstone, jobs = self.users.remove(name)
-            self.team.renamed(name, tombstone)
+            self.ledger.rename(name, tombstone)
             for job_id in [j.job_id for j in self._waiting if j.user == name]:
                 self._waiting.put(request_of(self.get(job_id)))
             self._schedule()
@@ -398,17 +394,13 @@ class JobService:
             return [p for p in page if p.job_id in self._waiting], decision.waiting if decision is not None else 0
 
     def free(self) -> dict[str, float]:
-        with self._lock:
-            return free_resources(self.capacity, self._grants.values())
+        return self.scheduling.free()
 
     def grants(self) -> dict[int, dict[str, Any]]:
-        with self._lock:
-            owned = self.gpus.by_job()
-            return {j: {"grant": dict(g), "gpu_ids": owned.get(j, [])} for j, g in self._grants.items()}
+        return self.scheduling.grants()
 
     def gpu_owners(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self.gpus.owner)
+        return self.scheduling.gpu_owners()
 
     def _start(self, job_id: int, workers: int, grant: dict[str, float]) -> None:
         job = self.get(job_id)
@@ -425,9 +417,8 @@ class JobService:
         self.elastic.track(job_id, request, workers)
         self.files.clear_outcome(job_id)
         attempt = job.attempt + 1
-        self._grants[job_id] = dict(grant)
-        self.team.track(job, started_at=time.time())
-        gpu_ids, tell_gpus = self.gpus.take(job_id, grant)
+        self.scheduling.hold(job, grant, self.clock())  # charged from now on
+        gpu_ids, tell_gpus = self.ledger.take_gpus(job_id)
         self.tailer.track(job_id, job.events_offset)
         # Persisted before the runner exists: a server killed right after this finds the job by its id.
         self.store.update(
@@ -455,10 +446,8 @@ class JobService:
         self.processes.follow(runner)
 
     def _release(self, job_id: int) -> None:
-        self._grants.pop(job_id, None)
-        self.team.forget(job_id)
+        self.ledger.release(job_id, self.clock())  # charged up to now
         self.elastic.forget(job_id)
-        self.gpus.release(job_id)
 
     # -- following runners ------------------------------------------------------------------------
     def _finish(self, job_id: int, returncode: int | None, *, schedule: bool = True) -> None:
@@ -505,5 +494,5 @@ class JobService:
         with self._lock:
             if self._closing.is_set():
                 return
-            if self.elastic.resized(job_id, sized):
+            if self.elastic.resized(job_id, sized, self.clock()):
                 self._schedule()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainforge._internal.job_events import EventType, read_events
-from trainforge.client._states import JobEvent
+from trainforge.client import JobEvent
 from trainforge.server.store.database import Change, JobRow, JobStore
 
 

@@ -12,7 +12,7 @@ models, versions, aliases and lineage (:mod:`trainforge.server.pages.models`).
 Authentication is the API's: opening ``/?token=...`` (the URL ``trainforge server start`` prints)
 sets an HttpOnly, SameSite=Strict cookie that the pages and their requests then carry (see
 :mod:`trainforge._internal.http.guard`). The job states the script needs (their names, which are
-terminal) come from :class:`~trainforge.client._states.JobState`, in every page (``data-states``).
+terminal) come from :class:`~trainforge.client.JobState`, in every page (``data-states``).
 """
 
 from __future__ import annotations
@@ -31,14 +31,7 @@ from trainforge._internal.amounts import fmt_amount, fmt_bytes, fmt_metric, fmt_
 from trainforge._internal.constants import API_PREFIX
 from trainforge._internal.http import json_safe
 from trainforge._internal.trainer_job import NUM_WORKERS
-from trainforge.client._states import (
-    ACTIVE_STATES,
-    ALL_STATES,
-    TERMINAL_STATES,
-    WAITING_STATES,
-    JobState,
-    states_json,
-)
+from trainforge.client import ACTIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobEvent, JobState
 from trainforge.server._display import ordered_metrics
 from trainforge.server.pages.team import audit_section, owner_note, shares_section, signed_in
 from trainforge.server.routes.access import Caller, can
@@ -245,7 +238,7 @@ def compare_summary(jobs: list[dict[str, Any]], metric: str | None, group: str |
 def page(title: str, body: str, *, kind: str, data: dict[str, Any] | None = None,
          assets: tuple[str, ...] = (), caller: Principal | None = None) -> HTMLResponse:  # fmt: skip
     """A page: the shared header, ``body``, the page's data for the script (a JSON attribute), and
-    the job states it needs (``data-states``: :func:`~trainforge.client._states.states_json`), and
+    the job states it needs (``data-states``: :func:`states_json`), and
     where the API is (``data-api``: its prefix, which ``static/page.js`` calls under);
     ``assets``: more files of ``/static`` it loads (``.css`` style sheets, ``.js`` module scripts)."""
     payload = esc(json.dumps(data or {}, allow_nan=False, default=str))
@@ -274,6 +267,18 @@ def page(title: str, body: str, *, kind: str, data: dict[str, Any] | None = None
     return HTMLResponse(text, headers={"Content-Security-Policy": CSP, "Cache-Control": "no-store"})
 
 
+def states_json() -> dict[str, Any]:
+    """The job states as the pages' script takes them (each page's ``data-states``): every name in
+    order and each grouping, and the event types (``events``: every name the event streams send)."""
+    return {
+        "events": [e.value for e in JobEvent],
+        "all": [s.value for s in JobState],
+        "waiting": [s.value for s in WAITING_STATES],
+        "active": [s.value for s in ACTIVE_STATES],
+        "terminal": [s.value for s in TERMINAL_STATES],
+    }
+
+
 def _job_json(service: JobService, job: Any) -> dict[str, Any]:
     """A job as the API returns it (``JobOut``), NaN and infinities as strings (the page's JSON
     must parse)."""
@@ -292,7 +297,7 @@ def jobs_page(
     name: str | None = Query(None, max_length=200),
     before: int | None = Query(None, ge=0, le=2**62),
 ) -> Response:
-    states = [s for s in (state or []) if s in ALL_STATES] or None
+    states = [s for s in (state or []) if s in tuple(JobState)] or None
     rows = service.store.jobs(states, before=before, limit=PAGE_SIZE + 1, name=name or None)
     more = len(rows) > PAGE_SIZE
     rows = rows[:PAGE_SIZE]
@@ -301,7 +306,7 @@ def jobs_page(
     checks = "".join(
         f'<label><input type=checkbox name=state value="{s}"{" checked" if states and s in states else ""}>'
         f"{s.lower()}</label>"
-        for s in ALL_STATES
+        for s in tuple(JobState)
     )
     filters = (
         f'<form class=filters method=get action="/"><input name=name placeholder="name contains" '

@@ -57,7 +57,7 @@ def shares_section(service: JobService) -> str:
         f"<tr><td>{_esc(r['user'])}</td><td class=num>{fmt_number(r['shares'])}</td>"
         f"<td class=num>{100 * r['share_fraction']:.0f}%</td><td class=num>{100 * r['usage_fraction']:.0f}%</td>"
         f"<td class=num>{r['factor']:.3f}</td><td>{_esc(_amounts(r['holds']))}</td><td>{_esc(_amounts(r['quota']))}</td></tr>"
-        for r in service.team.report(time.time())
+        for r in service.scheduling.report(time.time())
     )
     return ("<section><h2>Fair share</h2><p class=meta>Among jobs of equal priority, users are ordered by their factor "
             "F = 2<sup>-U/S</sup> (U: their share of recent usage, S: their configured share; higher starts first).</p>"

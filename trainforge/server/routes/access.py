@@ -207,11 +207,9 @@ async def authorize(app: Any, table: RouteTable, scope: dict) -> str | None:
     who = principal_of(scope)
     owner = None
     if job_id is not None and (rule in OWN_ONLY and who.role == "member" or rule in OWNER_ONLY):
-        store = app.state.api.service.store
-        rows = await anyio.to_thread.run_sync(store.query, "SELECT owner FROM jobs WHERE id=?", (job_id,))
-        if not rows:
+        owner = await anyio.to_thread.run_sync(app.state.api.service.store.owner_of, job_id)
+        if owner is None:
             return None  # no such job: the route answers 404
-        owner = rows[0][0]
     return refusal(who, rule, owner=owner, job_id=job_id)
 
 

@@ -17,9 +17,8 @@ from fastapi.responses import StreamingResponse
 
 from trainforge.server._schemas import JobOut, invalid, job_out
 from trainforge.server.jobs.series import SeriesCache
-from trainforge.server.jobs.service import JobService, NotFoundError
+from trainforge.server.jobs.service import JobRow, JobService, NotFoundError
 from trainforge.server.routes.access import caller_of
-from trainforge.server.store.database import READERS, JobRow
 
 POLL_S = 0.1
 KEEPALIVE_S = 15.0
@@ -52,7 +51,7 @@ class ApiState:
     async def read_off_loop(self, fn: Callable[..., _T], *args: Any) -> _T:
         """``fn(*args)`` (a read of the store) on a stream-read thread."""
         if self.stream_reads is None:
-            self.stream_reads = anyio.CapacityLimiter(READERS)
+            self.stream_reads = anyio.CapacityLimiter(self.service.store.readers.size)
         return await anyio.to_thread.run_sync(fn, *args, limiter=self.stream_reads)
 
 

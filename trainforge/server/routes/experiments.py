@@ -181,7 +181,7 @@ def import_experiment(ex: ExperimentsDep, caller: Caller, body: ExperimentImport
     """An experiment as its directory holds it (``trainforge experiments import PATH`` reads and sends
     it), owned by who imports it; importing the same directory again replaces it, for its owner or an
     admin (another member's import is a 409 naming the owner)."""
-    return _answer(lambda: views.get_experiment(ex, ex.import_experiment(body, caller), sync=False))
+    return _answer(lambda: views.get_experiment(ex, ex.import_experiment(body, caller)))
 
 
 @router.post("/jobs/{job_id}/decisions", response_model=DecisionOut, status_code=201,

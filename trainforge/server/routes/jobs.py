@@ -12,7 +12,7 @@ from fastapi import APIRouter, Body, HTTPException, Query
 from fastapi.responses import Response
 
 from trainforge._internal.state_files import open_regular
-from trainforge.client._states import JobState
+from trainforge.client import JobState
 from trainforge.server._schemas import (
     JobId,
     JobListOut,
@@ -33,7 +33,7 @@ router = APIRouter()
 @router.post("/jobs", status_code=201, response_model=SubmitOut,
              responses={409: {"description": "the submission_id was used for a different submission"}})  # fmt: skip
 def submit(service: Service, caller: Caller, spec: JobSpecIn) -> SubmitOut:
-    check_priority(caller, spec.priority, service.team.policy.member_max_priority)
+    check_priority(caller, spec.priority, service.scheduling.policy.member_max_priority)
     blob = None
     if spec.trainer_b64 is not None:
         try:
@@ -78,7 +78,7 @@ def get_job(service: Service, job_id: JobId) -> JobOut:
 
 @router.patch("/jobs/{job_id}", response_model=JobOut, responses=ERRORS)
 def patch_job(service: Service, caller: Caller, job_id: JobId, change: PatchIn) -> JobOut:
-    check_priority(caller, change.priority, service.team.policy.member_max_priority)
+    check_priority(caller, change.priority, service.scheduling.policy.member_max_priority)
     return job_out_for(service, service.patch(job_id, priority=change.priority, hold=change.hold))
 
 

@@ -21,7 +21,7 @@ from trainforge._internal.http import json_safe
 from trainforge._internal.job_events import end_offset, events_with_offsets
 from trainforge._internal.state_files import open_regular
 from trainforge.server._schemas import EventOut, JobId, LogsOut
-from trainforge.server.jobs.service import JobService
+from trainforge.server.jobs.service import JobRow, JobService
 from trainforge.server.routes.common import (
     ERRORS,
     POLL_S,
@@ -35,7 +35,6 @@ from trainforge.server.routes.common import (
     resume_at,
     sse_response,
 )
-from trainforge.server.store.database import JobRow
 
 MAX_CHUNK = 1 << 20  # bytes of a log, or of an events file, read at once
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 
 from trainforge._internal.http import json_safe
 from trainforge._internal.job_events import Segments, read_events
-from trainforge.server._schemas import JobId
+from trainforge.server._schemas import JobId, invalid
 from trainforge.server.jobs.service import JobService
 from trainforge.server.routes.common import ERRORS, Api, Service, job_or_404
 from trainforge.server.routes.experiments import ExperimentsDep
@@ -69,7 +69,7 @@ def series(
     (repeatable) picks keys; ``start``..``end`` (step indices, inclusive) a range, for a chart that zooms."""
     job_or_404(api.service, job_id)
     if end is not None and end < start:
-        raise HTTPException(422, f"end={end} is before start={start}: give start <= end")
+        raise invalid(("query", "end"), f"end={end} is before start={start}: give start <= end")
     cut = ex.cut_of(job_id)  # a Tune trial its tuner stopped (at a rung): its later reports are not the trial's
     if cut is not None:
         end = cut - 1 if end is None else min(end, cut - 1)

@@ -11,9 +11,14 @@ Families (``trainforge_`` prefix, base units):
 - ``jobs{user,state}``; ``queue_pending_jobs{reason}``; ``queue_oldest_pending_age_seconds``
 - ``resource_capacity{resource}``, ``resource_allocated{resource}``, ``resource_free{resource}``
 - ``jobs_cpu_used_cores``, ``jobs_memory_used_bytes``, ``jobs_gpu_memory_used_bytes`` (measured), and
-  per user ``user_*`` of the same, ``user_allocated{user,resource}``, ``user_quota{user,resource}``,
-  ``user_usage{user}`` (decayed dominant-share seconds), ``user_fairshare_factor{user}``
-- ``scheduler_decision_duration_seconds`` (histogram), ``scheduler_last_decision_seconds``
+  per user ``user_*`` of the same, ``user_allocated{user,resource}``, ``user_usage{user}`` (decayed
+  dominant-share seconds, the ledger's)
+- what each configured scheduling policy exposes (:meth:`Policy.metrics
+  <trainforge.server.scheduling.policy.Policy.metrics>`; this module knows none of them by name):
+  ``user_quota{user,resource}`` (quota), ``user_fairshare_factor{user}`` (fair_share),
+  ``user_running_jobs{user}`` and ``policy_max_running_jobs`` (max_running)
+- ``scheduler_decision_duration_seconds`` (histogram), ``scheduler_last_decision_seconds``,
+  ``scheduler_alarm_armed`` (1 while a time-based rule waits for a moment), ``scheduler_alarm_fired_total``
 - ``job_submissions_total{user}``, ``job_preemptions_total{user}`` (counted in memory since start)
 - with ``TeamPolicy.metrics_per_job``: ``job_cpu_used_cores{job,user}``, ``job_memory_used_bytes``,
   ``job_gpu_memory_used_bytes``, ``job_gpu_utilization_ratio`` (one series per running job)
@@ -28,7 +33,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from trainforge.client._states import JobState
+from trainforge.client import JobState
 from trainforge.server.jobs.service import JobService
 from trainforge.server.routes.common import Service
 
@@ -57,9 +62,9 @@ class ServerCollector:
         for p in s.queue():
             reasons[(p.reason,)] = reasons.get((p.reason,), 0.0) + 1
         yield gauge("queue_pending_jobs", "Waiting jobs by why they wait.", ["reason"], reasons)
-        oldest = s.store.query("SELECT submitted_at FROM jobs WHERE state=? ORDER BY id LIMIT 1", (JobState.QUEUED.value,))
+        oldest = s.store.oldest_submitted_at(JobState.QUEUED.value)
         yield gauge("queue_oldest_pending_age_seconds", "Since the oldest queued job was submitted.", [],
-                    {(): max(0.0, now - oldest[0][0]) if oldest else 0.0})  # fmt: skip
+                    {(): max(0.0, now - oldest) if oldest is not None else 0.0})  # fmt: skip
         grants, free = s.grants(), s.free()
         allocated: dict[str, float] = {}
         for g in grants.values():
@@ -69,9 +74,9 @@ class ServerCollector:
                                   ("allocated", "What running jobs hold, by kind.", allocated),
                                   ("free", "What is left to grant, by kind.", free)):  # fmt: skip
             yield gauge(f"resource_{name}", doc, ["resource"], {(k,): float(v) for k, v in values.items()})
-        report = s.team.report(now)
+        scheduling = s.scheduling
+        report, gauges, owners = scheduling.report(now), scheduling.gauges(now), scheduling.owners()
         by_job = s.usage.totals()
-        owners = {j: a.user for j, a in list(s.team.active.items())}
         used: dict[str, dict[str, float]] = {}
         for job_id, total in by_job.items():
             u = used.setdefault(owners.get(job_id, "admin"), {"cpu": 0.0, "rss": 0.0, "gpu": 0.0})
@@ -85,27 +90,31 @@ class ServerCollector:
             yield gauge(f"user_{name}", doc, ["user"], {(user,): u[key] for user, u in used.items()})
         yield gauge("user_allocated", "What each user's running jobs hold, by kind.", ["user", "resource"],
                     {(r["user"], k): v for r in report for k, v in r["holds"].items()})  # fmt: skip
-        yield gauge("user_quota", "Each user's quota, by kind.", ["user", "resource"],
-                    {(r["user"], k): v for r in report for k, v in (r["quota"] or {}).items()})  # fmt: skip
         yield gauge("user_usage", "Each user's decayed usage (dominant-share seconds).", ["user"],
                     {(r["user"],): r["usage"] for r in report})  # fmt: skip
-        yield gauge("user_fairshare_factor", "Each user's fair-share factor F = 2^(-U/S).", ["user"],
-                    {(r["user"],): r["factor"] for r in report})  # fmt: skip
-        buckets, decided_s = s.team.decisions.snapshot()
+        for exposed in gauges:  # what the policies expose
+            yield gauge(exposed.name, exposed.doc, list(exposed.labels), dict(exposed.values))
+        counters = scheduling.counters
+        buckets, decided_s = counters.decisions.snapshot()
         histogram = HistogramMetricFamily("trainforge_scheduler_decision_duration_seconds",
                                           "How long the scheduler's decisions take.",
                                           buckets=[("+Inf" if b == float("inf") else repr(b), n) for b, n in buckets],
                                           sum_value=decided_s)  # fmt: skip
         yield histogram
         yield gauge("scheduler_last_decision_seconds", "How long the latest decision took.", [],
-                    {(): s.last_decision_s})  # fmt: skip
-        for name, doc, counts in (("job_submissions", "Jobs submitted since the server started.", s.team.submissions),
-                                  ("job_preemptions", "Jobs preempted since the server started.", s.team.preemptions)):  # fmt: skip
+                    {(): counters.last_decision_s})  # fmt: skip
+        yield gauge("scheduler_alarm_armed", "1 while a time-based rule waits for a moment to decide again.", [],
+                    {(): 0.0 if scheduling.alarm.at is None else 1.0})  # fmt: skip
+        fired = CounterMetricFamily("trainforge_scheduler_alarm_fired", "Decisions the scheduler's alarm made.")
+        fired.add_metric([], float(scheduling.alarm.fired))
+        yield fired
+        for name, doc, counts in (("job_submissions", "Jobs submitted since the server started.", counters.submissions),
+                                  ("job_preemptions", "Jobs preempted since the server started.", counters.preemptions)):  # fmt: skip
             counter = CounterMetricFamily(f"trainforge_{name}", doc, labels=["user"])
             for user, n in sorted(dict(counts).items()):
                 counter.add_metric([user], float(n))
             yield counter
-        if s.team.policy.metrics_per_job:
+        if scheduling.policy.metrics_per_job:
             for key, name, scale in (("cpu_percent", "cpu_used_cores", 0.01), ("rss", "memory_used_bytes", 1.0),
                                      ("gpu_memory", "gpu_memory_used_bytes", 1.0),
                                      ("gpu_util", "gpu_utilization_ratio", 0.01)):  # fmt: skip

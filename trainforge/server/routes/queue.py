@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 import trainforge
-from trainforge.client._states import ACTIVE_STATES, WAITING_STATES
+from trainforge.client import ACTIVE_STATES, WAITING_STATES
 from trainforge.server._schemas import HealthOut, QueueEntryOut, QueueListOut, ResourcesOut, pending_out
 from trainforge.server.routes.common import Service
 
@@ -51,7 +51,7 @@ def resources(service: Service) -> ResourcesOut:
     return ResourcesOut(
         capacity=service.capacity, granted=granted, free=service.free(),
         jobs={str(j): g for j, g in grants.items()}, gpus=service.gpu_owners(),
-        decision_ms=service.last_decision_s * 1e3,
+        decision_ms=service.last_decision_s * 1e3, policies=service.scheduling.describe(),
     )  # fmt: skip
 
 

@@ -37,8 +37,8 @@ def _out(user: User) -> UserOut:
 @router.get("/whoami", response_model=WhoamiOut)
 def whoami(service: Service, caller: Caller) -> WhoamiOut:
     """Who this request's token signs in as, their quota and what their running jobs hold."""
-    return WhoamiOut(name=caller.name, role=caller.role, quota=service.team.quota(caller.name),
-                     holds=service.team.holdings().get(caller.name, {}))  # fmt: skip
+    return WhoamiOut(name=caller.name, role=caller.role, quota=service.scheduling.quota(caller.name),
+                     holds=service.scheduling.holdings().get(caller.name, {}))  # fmt: skip
 
 
 @router.get("/users", response_model=list[UserOut])
@@ -119,4 +119,4 @@ def audit(
 def shares(service: Service) -> list[ShareOut]:
     """Each user's fair share: weight, decayed usage and the fractions of both, the factor
     F = 2^(-U/S) that orders their jobs among equal priorities, holdings and quota."""
-    return [ShareOut(**row) for row in service.team.report(time.time())]
+    return [ShareOut(**row) for row in service.scheduling.report(time.time())]

@@ -1,4 +1,8 @@
-"""Scheduling: which waiting jobs start, and what they are charged. The pure rule (``rule.decide``
-and ``decision``), the waiting queue (``waiting``), fair share and preemption (``sharing``), usage
-accounting (``accounting``), elastic sizes (``elastic``) and GPU owners (``gpus``). It imports neither
-HTTP nor SQL (an import contract says so): time and state are its inputs."""
+"""Scheduling: which waiting jobs start, and what they are charged. The pure rule (``rule.decide``, its
+walk ``scan`` and its answer ``decision``), the waiting queue (``waiting``), the scheduling policies
+(``policy``: the plug-in interface; ``policies``: priority, quota, fair_share, preemption,
+max_running and the registry by name), the inputs a shared server adds (``sharing``: ``Team``,
+``RunningJob``), the arithmetic on resources (``resources``), the ``ResourceLedger`` that alone owns
+what running jobs hold and charges their usage (``ledger``, ``accounting``, ``gpus``) and the rules'
+configuration (``team_policy``). It imports neither HTTP nor SQL nor the store (an import contract
+says so): time and state are its inputs."""

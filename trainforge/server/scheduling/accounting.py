@@ -1,42 +1,59 @@
 """``Accounting``: each user's recent usage of the server, the U of fair share
-(:mod:`trainforge.server.scheduling.sharing`).
+(:mod:`trainforge.server.scheduling.policies.fair_share`).
 
-A job holding ``grant`` uses, per second, its dominant share of the capacity (the largest fraction
-of any one kind it holds: 2 of 8 GPUs is 0.25, whatever its CPUs). A user's usage is the integral of
-their jobs' dominant shares over time, every second's worth halving each ``half_life_s`` (Slurm's
-``PriorityDecayHalfLife``; ``inf``: no decay). Running jobs are charged continuously (:meth:`usage`
-counts them up to now); the service calls :meth:`sync` with what every running job holds whenever
-that may have changed (a start, an end, a resize), under its lock. The values survive a restart in
-the store's ``usage`` table (written every ``PERSIST_S`` and at close).
+The accounting rule: a job holding ``grant`` uses, per second, its dominant share of the capacity
+(the largest fraction of any one kind it holds: 2 of 8 GPUs is 0.25, whatever its CPUs). A user's
+usage is the integral of their jobs' dominant shares over time, every second's worth halving each
+``half_life_s`` (Slurm's ``PriorityDecayHalfLife``; ``inf``: no decay). A job is charged from the
+moment it holds resources (:meth:`start`) until the moment it releases them (:meth:`end`), at the
+share it holds in between (:meth:`change`: a resize charges the old share up to then): continuously,
+whatever decisions run or do not run meanwhile. Time is an argument of every method, so tests drive it.
+
+The values survive a restart through the injected :class:`UsageStore` (the server's
+:class:`~trainforge.server.store.database.JobStore`: written every ``PERSIST_S`` and at close); this
+module speaks no SQL.
 """
 
 from __future__ import annotations
 
 import math
-import sqlite3
-import time
 from collections.abc import Mapping
+from typing import Protocol
 
-from trainforge.server.scheduling.sharing import dominant_share
-from trainforge.server.store.database import JobStore
+from trainforge.server.scheduling.resources import dominant_share
 
 PERSIST_S = 30.0
 
 
+class UsageStore(Protocol):
+    """Where usage survives a restart: each user's value as of a time."""
+
+    def usage_rows(self) -> dict[str, tuple[float, float]]:
+        """user -> (usage, as of when)."""
+        ...
+
+    def save_usage(self, values: Mapping[str, float], at: float) -> None:
+        """Each user's usage as of ``at``."""
+        ...
+
+
 class Accounting:
-    def __init__(self, store: JobStore | None, capacity: Mapping[str, float], half_life_s: float):
+    """See the module docstring. ``capacity``: what the dominant shares are fractions of (read when a
+    job starts or changes)."""
+
+    def __init__(self, store: UsageStore | None, capacity: Mapping[str, float], half_life_s: float):
         if not (half_life_s > 0):
             raise ValueError(f"half_life_s={half_life_s!r}: give a number of seconds > 0 (or inf for no decay)")
         self.store = store
-        self.capacity = dict(capacity)
+        self.capacity = capacity
         self.half_life_s = float(half_life_s)
         self._values: dict[str, tuple[float, float]] = {}  # user -> (usage, as of when)
         self._running: dict[int, tuple[str, float, float]] = {}  # job -> (user, dominant share, charged until)
-        self._persisted = time.time()
+        self._persisted: float | None = None
         if store is not None:
-            for row in store.query("SELECT user, value, at FROM usage"):
-                self._values[row["user"]] = (float(row["value"]), float(row["at"]))
+            self._values.update(store.usage_rows())
 
+    # -- the arithmetic ------------------------------------------------------------------------------
     def _decay(self, dt: float) -> float:
         return 1.0 if math.isinf(self.half_life_s) else 0.5 ** (max(0.0, dt) / self.half_life_s)
 
@@ -51,21 +68,39 @@ class Accounting:
         value, at = self._values.get(user, (0.0, now))
         self._values[user] = (value * self._decay(now - at) + amount, now)
 
+    # -- what jobs hold --------------------------------------------------------------------------------
+    def start(self, job_id: int, user: str, grant: Mapping[str, float], now: float) -> None:
+        """``job_id`` (``user``'s) holds ``grant`` from ``now`` on (a job already charged is first
+        charged up to ``now``)."""
+        self.end(job_id, now)
+        self._running[job_id] = (user, dominant_share(grant, self.capacity), now)
+
+    def change(self, job_id: int, grant: Mapping[str, float], now: float) -> None:
+        """``job_id`` holds ``grant`` from ``now`` on (a resize): charged its old share up to ``now``."""
+        held = self._running.get(job_id)
+        if held is not None:
+            self.start(job_id, held[0], grant, now)
+
+    def end(self, job_id: int, now: float) -> None:
+        """``job_id`` released what it held at ``now``: charged up to then."""
+        held = self._running.pop(job_id, None)
+        if held is not None:
+            user, weight, since = held
+            self._charge(user, self._accrued(weight, since, now), now)
+
     def sync(self, held: Mapping[int, tuple[str, Mapping[str, float]]], now: float) -> None:
-        """What each running job (job id -> (user, grant)) holds from now on: jobs that ended or
-        changed are charged up to ``now``."""
+        """What each running job (job id -> (user, grant)) holds from ``now`` on, all at once: jobs
+        absent from ``held`` ended at ``now``, jobs new in it started then."""
         for job_id in list(self._running):
-            user, weight, since = self._running[job_id]
+            user, weight, _ = self._running[job_id]
             now_held = held.get(job_id)
-            new_weight = dominant_share(now_held[1], self.capacity) if now_held is not None else None
-            if now_held is None or now_held[0] != user or new_weight != weight:
-                self._charge(user, self._accrued(weight, since, now), now)
-                del self._running[job_id]
+            if now_held is None or now_held[0] != user:
+                self.end(job_id, now)
+            elif dominant_share(now_held[1], self.capacity) != weight:
+                self.change(job_id, now_held[1], now)
         for job_id, (user, grant) in held.items():
             if job_id not in self._running:
-                self._running[job_id] = (user, dominant_share(grant, self.capacity), now)
-        if self.store is not None and now - self._persisted >= PERSIST_S:
-            self.persist(now)
+                self.start(job_id, user, grant, now)
 
     def rename(self, old: str, new: str) -> None:
         """``old``'s usage, and what their running jobs accrue from now on, are ``new``'s (a removed
@@ -83,15 +118,16 @@ class Accounting:
             out[user] = out.get(user, 0.0) + self._accrued(weight, since, now)
         return out
 
+    # -- surviving a restart ---------------------------------------------------------------------------
+    def persist_due(self, now: float) -> None:
+        """:meth:`persist` when the last one is ``PERSIST_S`` old."""
+        if self._persisted is None:
+            self._persisted = now
+        elif self.store is not None and now - self._persisted >= PERSIST_S:
+            self.persist(now)
+
     def persist(self, now: float) -> None:
         """Write every user's usage as of ``now`` to the store."""
-        if self.store is None:
-            return
-        values = self.usage(now)
         self._persisted = now
-
-        def work(conn: sqlite3.Connection) -> None:
-            conn.executemany("INSERT INTO usage(user, value, at) VALUES (?, ?, ?) ON CONFLICT(user) DO UPDATE "
-                             "SET value=excluded.value, at=excluded.at", [(u, v, now) for u, v in values.items()])  # fmt: skip
-
-        self.store.write(work)
+        if self.store is not None:
+            self.store.save_usage(self.usage(now), now)

@@ -6,14 +6,13 @@ and why each of the others waits (:class:`Pending`), worked out only as far as s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Protocol
 
-from trainforge._internal.amounts import fmt_number
+from trainforge.server.scheduling.resources import amount_text
 
-if TYPE_CHECKING:
-    from trainforge.server.scheduling.rule import _Scan
-
+REASONS = ("held", "resources", "reserved", "quota", "max_running")
+"""The reasons a job waits that the server's own rules and policies give (a policy of one's own may
+add its name)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,31 +29,47 @@ class Pending:
     """Why a queued job waits, and its place among the waiting jobs that are not held (1 = next).
 
     ``reason``: ``"held"``; ``"resources"`` (``need`` and ``free`` name the kinds it lacks);
-    ``"reserved"`` (it would fit, but ``behind`` waits for kinds it also needs); or ``"quota"``
+    ``"reserved"`` (it would fit, but ``behind`` waits for kinds it also needs); ``"quota"``
     (it would take its user over their quota: ``need`` its request, ``free`` what is left of the
-    quota, ``limit`` the quota, of the kinds it would exceed).
+    quota, ``limit`` the quota, of the kinds it would exceed); or the name of the scheduling policy
+    that holds it back (``"max_running"``: its user runs as many jobs as they may), ``note`` saying
+    why in words.
     """
 
     job_id: int
     position: int | None  # None while held
-    reason: Literal["held", "resources", "reserved", "quota"]
+    reason: str
     need: dict[str, float] = dataclasses.field(default_factory=dict)
     free: dict[str, float] = dataclasses.field(default_factory=dict)
     behind: int | None = None
     limit: dict[str, float] = dataclasses.field(default_factory=dict)
+    note: str = ""
 
     def describe(self) -> str:
         """One line for a person: ``needs 4 CPU, 2 free``, ``behind job 12``, ``held``."""
         if self.reason == "held":
             return "held"
+        if self.note:
+            return self.note
         if self.reason == "reserved":
             return f"behind job {self.behind}"
         if self.reason == "quota":
-            parts = [f"{fmt_number(self.need[k])} {k}, {fmt_number(self.free.get(k, 0.0))} of {fmt_number(self.limit.get(k, 0.0))} left"
+            parts = [f"{amount_text(self.need[k])} {k}, {amount_text(self.free.get(k, 0.0))} of {amount_text(self.limit.get(k, 0.0))} left"
                      for k in sorted(self.need)]  # fmt: skip
             return "over its user's quota: needs " + "; ".join(parts)
-        parts = [f"{fmt_number(self.need[k])} {k}, {fmt_number(self.free.get(k, 0.0))} free" for k in sorted(self.need)]
+        parts = [f"{amount_text(self.need[k])} {k}, {amount_text(self.free.get(k, 0.0))} free" for k in sorted(self.need)]
         return "needs " + "; ".join(parts)
+
+
+class LazyReasons(Protocol):
+    """The reasons of the jobs past where the scan stopped, worked out as someone asks
+    (:class:`trainforge.server.scheduling.scan.Tail`)."""
+
+    total: int
+
+    def page(self, offset: int, limit: int) -> list[Pending]: ...
+
+    def reason(self, job_id: int) -> Pending | None: ...
 
 
 class Decision:
@@ -62,11 +77,11 @@ class Decision:
     :meth:`page` and :meth:`reason` give some of them (a server with 10,000 queued jobs decides in
     well under a millisecond: once every resource kind that is still free is reserved, no later job
     can start, so the scan stops there, and a later job's reason is worked out when someone asks for
-    it, :class:`_Tail`). ``reserved``: kinds a waiting job lacks. ``blocked``: the first waiting job,
+    it, :class:`LazyReasons`). ``reserved``: kinds a waiting job lacks. ``blocked``: the first waiting job,
     in queue order and not held, that lacks resources (the one elastic jobs lend to, rule 5), known
     without working out the others' reasons. ``preempt``: the running jobs to preempt for it (rule 8)."""
 
-    def __init__(self, starts: list[Start], pending: list[Pending], tail: _Tail | None = None,
+    def __init__(self, starts: list[Start], pending: list[Pending], tail: LazyReasons | None = None,
                  reserved: set[str] | None = None, blocked: int | None = None,
                  preempt: list[int] | None = None):  # fmt: skip
         self.starts = starts
@@ -114,65 +129,3 @@ class Decision:
         return self.starts == other.starts and self.pending == other.pending and self.preempt == other.preempt
 
     __hash__ = None  # type: ignore[assignment]
-
-
-class _Tail:
-    """The reasons of the jobs from index ``start`` on, where the scan stopped, worked out only as
-    someone asks. Saturated there, what is free and what each user holds no longer change (only a job
-    asking for nothing starts), and a job that lacks nothing waits behind a kind reserved before
-    ``start`` (its shape has a kind reserved, or one with nothing free, which it would lack): so a
-    reason needs only the job's position, which one light pass works out (:meth:`advance`)."""
-
-    def __init__(self, scan: _Scan, start: int, starts_in_tail: bool):
-        self.scan, self.start = scan, start
-        self.head = list(scan.pending)  # the reasons before ``start``
-        self.reserved = dict(scan.reserved)
-        self.positions: list[int | None] = []  # of ordered[start + j]; None: held, or starts
-        self.position = scan.position
-        ordered = scan.ordered
-        self.entries = (None if not starts_in_tail else  # the indices of the jobs that wait, when some start
-                        [i for i in range(start, len(ordered)) if ordered[i].held or ordered[i].min_request])  # fmt: skip
-        self.total = len(self.head) + (len(ordered) - start if self.entries is None else len(self.entries))
-        self._index: dict[int, int] | None = None
-        self._head: dict[int, Pending] = {}
-
-    def advance(self, upto: int) -> None:
-        """The positions of the jobs up to index ``upto`` (exclusive)."""
-        positions, pos = self.positions, self.position
-        for job in self.scan.ordered[self.start + len(positions) : upto]:
-            if job.held or not job.min_request:
-                positions.append(None)
-            else:
-                pos += 1
-                positions.append(pos)
-        self.position = pos
-
-    def at(self, i: int) -> Pending | None:
-        """The reason of ``ordered[i]`` (None: it starts)."""
-        job = self.scan.ordered[i]
-        if job.held:
-            return Pending(job.job_id, None, "held")
-        if i - self.start >= len(self.positions):
-            self.advance(i + 1)
-        position = self.positions[i - self.start]
-        return None if position is None else self.scan.judge(job, position, self.reserved)
-
-    def page(self, offset: int, limit: int) -> list[Pending]:
-        out = self.head[offset : offset + limit]
-        first, last = max(0, offset - len(self.head)), max(0, offset + limit - len(self.head))
-        if self.entries is None:
-            indices: Sequence[int] = range(self.start + first, min(self.start + last, len(self.scan.ordered)))
-        else:
-            indices = self.entries[first:last]
-        out += [p for p in map(self.at, indices) if p is not None]
-        return out
-
-    def reason(self, job_id: int) -> Pending | None:
-        if self._index is None:  # once per decision: where each job is
-            ordered = self.scan.ordered
-            self._head = {p.job_id: p for p in self.head}
-            self._index = {ordered[i].job_id: i for i in range(self.start, len(ordered))}
-        if job_id in self._head:
-            return self._head[job_id]
-        i = self._index.get(job_id)
-        return None if i is None else self.at(i)

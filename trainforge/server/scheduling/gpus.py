@@ -8,8 +8,9 @@ import math
 
 
 class GpuOwners:
-    """``owner``: GPU id -> the job holding it (the elastic bookkeeping frees some of a shrunk
-    job's in place). ``capacity_gpus``: how many of this machine's GPUs the server may hand out."""
+    """``owner``: GPU id -> the job holding it (kept by the
+    :class:`~trainforge.server.scheduling.ledger.ResourceLedger`, which frees some of a shrunk job's
+    when it resizes). ``capacity_gpus``: how many of this machine's GPUs the server may hand out."""
 
     def __init__(self, capacity_gpus: float):
         self.owner: dict[str, int] = {}

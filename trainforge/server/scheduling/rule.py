@@ -41,24 +41,29 @@ The rule:
    grow and shrink never ping-pong. The server does both (:mod:`trainforge.server.jobs.elastic`);
    this function only names the blocked job.
 
-With a :class:`Team` (a server shared by several users; the service passes it), three more rules:
+With a :class:`Team` (a server shared by several users; the service passes it) and its scheduling
+policies (:mod:`trainforge.server.scheduling.policy`: each rule below is one plug-in of
+:mod:`trainforge.server.scheduling.policies`; rule 1 is ``priority``), more rules:
 
-6. **Quotas.** A user's jobs never hold more than their quota (``Team.quotas``: CPUs, GPUs, memory,
+6. **Quotas** (``quota``). A user's jobs never hold more than their quota (``Team.quotas``: CPUs, GPUs, memory,
    any kind) at once: a job that would take its user over waits with reason ``quota`` and reserves
    nothing (a quota never holds back another user's job, and never preempts).
-7. **Fair share.** Among jobs of equal priority, users are ordered by Slurm's classic fair-share
+7. **Fair share** (``fair_share``). Among jobs of equal priority, users are ordered by Slurm's classic fair-share
    factor F = 2^(-U/S): U is the user's decayed usage as a fraction of everyone's (the service keeps
    it, running jobs included, halving every half-life), S their share as a fraction of the users'.
    A user who used less than their share comes first, so a user with one job is not stuck behind
    another's hundred; over time each user's usage converges to their share. Users who tie (nobody
    has used anything yet) take turns, one job each; then submission order.
-8. **Preemption.** When the blocked job (rule 5) cannot start from what is free, what stopping jobs
+8. **Preemption** (``preemption``). When the blocked job (rule 5) cannot start from what is free, what stopping jobs
    will give back and what elastic jobs can lend (they shrink first), running ``preemptible`` jobs
    of *lower* priority that have run at least ``exempt_s`` and were not preempted in the last
    ``cooldown_s`` are named in :attr:`Decision.preempt`: lowest priority first, then newest, just
    enough for it to fit (a last pass drops any victim it could do without), or none at all if all of
    them together would not be enough. The server asks them to stop as Ctrl-C would and requeues them;
    they resume from their latest committed checkpoint.
+9. **Any other policy** the server is configured with (``max_running:N``: a user runs at most N
+   jobs at once) admits jobs as quotas do: a job it refuses waits with its reason and reserves
+   nothing.
 """
 
 from __future__ import annotations
@@ -70,17 +75,15 @@ import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from trainforge._internal.amounts import fmt_number
 from trainforge._internal.resources import MIN_CPU_PER_WORKER, charge
 from trainforge._internal.trainer_job import num_workers_of
-from trainforge.server.scheduling.decision import Decision, Pending, Start, _Tail
-from trainforge.server.scheduling.sharing import RunningJob, Team, add, fair_order, usage_ratios, victims
+from trainforge.server.scheduling.decision import Decision, Start
+from trainforge.server.scheduling.policies import from_team
+from trainforge.server.scheduling.policy import PolicySet
+from trainforge.server.scheduling.resources import EPS, Resources, add, amount_text, free_resources, lacking
+from trainforge.server.scheduling.scan import Scan, Tail
+from trainforge.server.scheduling.sharing import RunningJob, Team
 from trainforge.server.scheduling.waiting import WaitingQueue
-
-Resources = Mapping[str, float]
-"""Amounts by resource kind: ``{"CPU": 4, "GPU": 1, "memory": 8e9, "my_custom": 2}``."""
-
-_EPS = 1e-9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,37 +156,24 @@ class JobRequest:
         return {k: v for k, v in total.items() if v > 0}
 
 
-def free_resources(capacity: Resources, grants: Iterable[Resources]) -> dict[str, float]:
-    """What ``capacity`` has left after ``grants`` (kinds absent from capacity have none)."""
-    free = {k: float(v) for k, v in capacity.items()}
-    for grant in grants:
-        for k, v in grant.items():
-            free[k] = free.get(k, 0.0) - v
-    return free
-
-
-def _lacking(request: Resources, free: Resources) -> dict[str, float]:
-    return {k: v for k, v in request.items() if v > free.get(k, 0.0) + _EPS}
-
-
 def check_fits(job: JobRequest, capacity: Resources, quota: Resources | None = None) -> None:
     """Raise ValueError, with the numbers, if ``job`` could not start even on an idle ``capacity``
     (or, given its user's ``quota``, even when its user holds nothing else)."""
     request = job.request(job.min_workers)
     who = f"job {job.job_id}" if job.job_id else "the job"  # job id 0: a request checked before it has one
-    lacking = _lacking(request, capacity)
-    if lacking:
+    short = lacking(request, capacity)
+    if short:
         parts = ", ".join(
-            f"{fmt_number(v)} {k} (capacity {fmt_number(capacity.get(k, 0.0))})" for k, v in sorted(lacking.items())
+            f"{amount_text(v)} {k} (capacity {amount_text(capacity.get(k, 0.0))})" for k, v in sorted(short.items())
         )
         raise ValueError(
-            f"{who} asks for {parts} with {job.min_workers} worker(s) and its driver{_floor_note(job, lacking)}, more "
+            f"{who} asks for {parts} with {job.min_workers} worker(s) and its driver{_floor_note(job, short)}, more "
             "than the server has even when idle: ask for fewer workers or resources per worker, or start the server "
             "with more capacity (--capacity)."
         )
-    over = _lacking({k: v for k, v in request.items() if quota and k in quota}, quota or {})
+    over = lacking({k: v for k, v in request.items() if quota and k in quota}, quota or {})
     if over:
-        parts = ", ".join(f"{fmt_number(v)} {k} (quota {fmt_number((quota or {})[k])})" for k, v in sorted(over.items()))
+        parts = ", ".join(f"{amount_text(v)} {k} (quota {amount_text((quota or {})[k])})" for k, v in sorted(over.items()))
         raise ValueError(
             f"{who} asks for {parts} with {job.min_workers} worker(s) and its driver{_floor_note(job, over)}, more "
             "than its user's quota "
@@ -192,168 +182,66 @@ def check_fits(job: JobRequest, capacity: Resources, quota: Resources | None = N
         )
 
 
-def _floor_note(job: JobRequest, lacking: Mapping[str, float]) -> str:
+def _floor_note(job: JobRequest, short: Mapping[str, float]) -> str:
     """Why a request names CPUs its user may not have asked for (rule 0), when that is why it is refused."""
-    if "CPU" in lacking and job.per_worker.get("CPU", 0.0) <= MIN_CPU_PER_WORKER + _EPS:
-        return f" (each worker counts at least {fmt_number(MIN_CPU_PER_WORKER)} CPU)"
+    if "CPU" in short and job.per_worker.get("CPU", 0.0) <= MIN_CPU_PER_WORKER + EPS:
+        return f" (each worker counts at least {amount_text(MIN_CPU_PER_WORKER)} CPU)"
     return ""
 
 
-class _Scan:
-    """The rule's walk down the ordered queue (see the module docstring), resumable: ``run(i)``
-    handles jobs from index ``i`` until the end, or, with ``stop_when_saturated``, until no later
-    job can start; ``run`` then returns the index to resume from. ``quotas``/``held``: each user's
-    quota and what their jobs hold (rule 6; empty: no quotas). ``shapes``: the distinct sets of kinds
-    the jobs not held ask for, and ``asks_nothing``: whether one of them asks for nothing (worked out
-    from ``ordered`` when not given: a :class:`WaitingQueue` keeps them)."""
-
-    def __init__(self, ordered: list[JobRequest], free: dict[str, float],
-                 quotas: Mapping[str, Resources] | None = None, held: dict[str, dict[str, float]] | None = None,
-                 shapes: set[frozenset[str]] | None = None, asks_nothing: bool | None = None):  # fmt: skip
-        self.ordered = ordered
-        self.free = free
-        self.quotas = quotas or {}
-        self.held = held if held is not None else {}
-        self.reserved: dict[str, tuple[int, int]] = {}  # kind -> (position, job id) of the first lacking it
-        self.position = 0
-        self.starts: list[Start] = []
-        self.pending: list[Pending] = []
-        self.blocked: int | None = None  # the first job that lacks resources
-        # Once each shape has a kind that is reserved or has nothing free, no later job can start
-        # (free only shrinks and reservations only grow).
-        if shapes is None or asks_nothing is None:
-            kinds = {job.kinds for job in ordered if not job.held}
-            shapes, asks_nothing = kinds - {frozenset()}, frozenset() in kinds
-        self.shapes = shapes
-        self.asks_nothing = asks_nothing
-
-    def over_quota(self, job: JobRequest, request: Resources, position: int | None = None) -> Pending | None:
-        """Why ``job`` waits for its user's quota (rule 6), or None (no quota, or within it)."""
-        limit = self.quotas.get(job.user)
-        if limit is None:
-            return None
-        held = self.held.get(job.user, {})
-        over = [k for k, v in request.items() if k in limit and held.get(k, 0.0) + v > limit[k] + _EPS]
-        if not over:
-            return None
-        return Pending(job.job_id, position, "quota", need={k: request[k] for k in over},
-                       free={k: max(0.0, limit[k] - held.get(k, 0.0)) for k in over},
-                       limit={k: float(limit[k]) for k in over})  # fmt: skip
-
-    def judge(self, job: JobRequest, position: int, reserved: Mapping[str, tuple[int, int]]) -> Pending | None:
-        """Why ``job`` (not held) waits, at ``position``, with ``reserved`` as the jobs before it left
-        it; None: it can start (read-only)."""
-        request = job.min_request
-        if self.quotas and (over := self.over_quota(job, request, position)) is not None:
-            return over
-        free = self.free
-        lacking = [k for k, v in request.items() if v > free.get(k, 0.0) + _EPS]
-        if lacking:
-            return Pending(job.job_id, position, "resources", need={k: request[k] for k in lacking},
-                           free={k: max(0.0, free.get(k, 0.0)) for k in lacking})  # fmt: skip
-        blocked_by = min((reserved[k] for k in request if k in reserved), default=None)
-        if blocked_by is not None:
-            return Pending(job.job_id, position, "reserved", behind=blocked_by[1])
-        return None
-
-    def first_lacking(self, i: int) -> int | None:
-        """The first job from index ``i`` on that is not held, is within its quota and lacks
-        resources (read-only)."""
-        for job in self.ordered[i:]:
-            if not job.held and _lacking(job.min_request, self.free):
-                if self.quotas and self.over_quota(job, job.min_request) is not None:
-                    continue
-                return job.job_id
-        return None
-
-    def saturated(self) -> bool:
-        free, reserved = self.free, self.reserved
-        return all(any(k in reserved or free.get(k, 0.0) <= _EPS for k in shape) for shape in self.shapes)
-
-    def run(self, i: int, *, stop_when_saturated: bool) -> int:
-        ordered, free, reserved, quotas = self.ordered, self.free, self.reserved, self.quotas
-        n = len(ordered)
-        while i < n:
-            job = ordered[i]
-            i += 1
-            if job.held:
-                self.pending.append(Pending(job.job_id, position=None, reason="held"))
-                continue
-            waits = self.judge(job, self.position + 1, reserved)
-            if waits is not None:
-                self.position += 1
-                self.pending.append(waits)
-                if waits.reason == "resources":
-                    for k in waits.need:
-                        reserved.setdefault(k, (self.position, job.job_id))
-                    if self.blocked is None:
-                        self.blocked = job.job_id
-                    if stop_when_saturated and self.saturated():
-                        return i
-                continue
-            workers = job.min_workers
-            while workers < job.upper_workers and not _lacking(job.request(workers + 1), free) and not (
-                quotas and self.over_quota(job, job.request(workers + 1))
-            ):
-                workers += 1
-            grant = job.request(workers)
-            for k, v in grant.items():
-                free[k] = free.get(k, 0.0) - v
-            if quotas:
-                add(self.held.setdefault(job.user, {}), grant)
-            self.starts.append(Start(job.job_id, workers, grant))
-            if stop_when_saturated and grant and self.saturated():
-                return i
-        return n
-
-
-def _order(queue: Iterable[JobRequest] | WaitingQueue, team: Team | None = None,
-           capacity: Resources | None = None) -> list[JobRequest]:  # fmt: skip
-    """Rule 1 (priority, then submission order), with rule 7 (fair share) given a ``team``. A
-    :class:`WaitingQueue` keeps rule 1's order, and each priority's jobs by user: when no two users
-    tie, fair share is each priority's users' jobs one user after the other. Any other queue is
-    sorted here: two stable sorts on plain attributes (submission, then priority: the fastest way to
-    sort by both), and no key cached on the job (each attribute more makes every job's dict, and the
-    sorts, slower)."""
-    fair = team is not None and team.fair_share and capacity is not None
-    if isinstance(queue, WaitingQueue):
-        users = queue.users
-        if not fair or len(users) < 2:
-            return list(queue.ordered)  # a copy: the queue changes after the decision
-        assert team is not None
-        ratio = usage_ratios(team, users)
-        if len(set(ratio.values())) == len(ratio):
-            return [job for _, runs in queue.runs() for user in sorted(runs, key=ratio.__getitem__)
-                    for job in runs[user]]  # fmt: skip
-        ordered = list(queue.ordered)
+def order(queue: Iterable[JobRequest] | WaitingQueue, policies: PolicySet | None = None,
+          team: Team | None = None) -> list[JobRequest]:  # fmt: skip
+    """Rule 1 (priority, then submission order; submission only without the ``priority`` policy),
+    then each ordering policy in turn (fair share, rule 7) with ``team``'s inputs. A
+    :class:`WaitingQueue` keeps rule 1's order, and each priority's jobs by user (fair share's
+    groups). Any other queue is sorted here: two stable sorts on plain attributes (submission, then
+    priority: the fastest way to sort by both), and no key cached on the job (each attribute more
+    makes every job's dict, and the sorts, slower). A new list: the queue changes after the decision."""
+    kept = isinstance(queue, WaitingQueue)
+    if kept:
+        assert isinstance(queue, WaitingQueue)
+        ordered = queue.ordered
     else:
         ordered = sorted(sorted(queue, key=operator.attrgetter("seq")), key=operator.attrgetter("priority"), reverse=True)
-    if not fair:
-        return ordered
-    assert team is not None and capacity is not None
-    return fair_order(ordered, team, capacity)
+    if policies is not None and "priority" not in policies:
+        ordered, kept = sorted(ordered, key=operator.attrgetter("seq")), False
+    if policies is not None and policies.orderers:
+        inputs = team if team is not None else Team()
+        for policy in policies.orderers:
+            before = ordered
+            ordered = policy.order(ordered, inputs, queue if kept else None)  # type: ignore[arg-type]
+            kept = kept and ordered is before
+    return list(ordered) if isinstance(queue, WaitingQueue) and ordered is queue.ordered else ordered
 
 
 def decide(queue: Sequence[JobRequest] | WaitingQueue, running: Sequence[Resources | RunningJob],
-           capacity: Resources, team: Team | None = None) -> Decision:  # fmt: skip
+           capacity: Resources, team: Team | None = None, policies: PolicySet | None = None) -> Decision:  # fmt: skip
     """Which of ``queue`` start now, given the ``running`` jobs (their grants, or :class:`RunningJob`
-    with who holds them) and the ``capacity``; the others with their reasons, in queue order; with a
-    ``team``, quotas, fair share and preemption too (see the module docstring for the rules). A
-    :class:`WaitingQueue` (what the server keeps) spares the sort and the grouping of its jobs."""
+    with who holds them) and the ``capacity``; the others with their reasons, in queue order. With a
+    ``team``, its ``policies`` too (quotas, fair share, preemption, ...: see the module docstring;
+    without ``policies``, those the team stands for, :func:`trainforge.server.scheduling.policies.from_team`).
+    A :class:`WaitingQueue` (what the server keeps) spares the sort and the grouping of its jobs."""
+    if policies is None and team is not None:
+        policies = from_team(team)
     grants = [r.grant if isinstance(r, RunningJob) else r for r in running]
     held: dict[str, dict[str, float]] = {}
-    if team is not None and team.quotas:
+    counts: dict[str, int] = {}
+    if policies is not None and policies.admitters:
         for r in running:
             if isinstance(r, RunningJob):
                 add(held.setdefault(r.user, {}), r.grant)
-    ordered = _order(queue, team, capacity)
+                counts[r.user] = counts.get(r.user, 0) + 1
+    ordered = order(queue, policies, team)
     shapes, asks_nothing = (queue.shapes, queue.asks_nothing) if isinstance(queue, WaitingQueue) else (None, None)
-    scan = _Scan(ordered, free_resources(capacity, grants), team.quotas if team is not None else None, held,
-                 shapes, asks_nothing)  # fmt: skip
+    scan = Scan(ordered, free_resources(capacity, grants), policies, team, held, counts, shapes, asks_nothing)
     resume = scan.run(0, stop_when_saturated=True)
+    if resume < len(ordered) and scan.asks_nothing and scan.admits:
+        # A job asking for nothing starts past the saturation point, and a policy that counts jobs
+        # (max_running) would see it: walk on (only jobs built by hand ask for nothing).
+        resume = scan.run(resume, stop_when_saturated=False)
     if resume >= len(ordered):
         return Decision(scan.starts, scan.pending, reserved=set(scan.reserved), blocked=scan.blocked,
-                        preempt=_preempt(scan, scan.blocked, running, team))  # fmt: skip
+                        preempt=_preempt(scan, scan.blocked, running, policies))  # fmt: skip
     # Saturated: every kind with anything free is reserved, so a later job can start only if it
     # asks for nothing at all. Start those now; the others' reasons are worked out when asked for.
     starts = list(scan.starts)
@@ -364,16 +252,19 @@ def decide(queue: Sequence[JobRequest] | WaitingQueue, running: Sequence[Resourc
     # Saturated with nobody lacking yet (the last start took what was left): the next job that asks
     # for anything lacks it, so this walk is short.
     blocked = scan.blocked if scan.blocked is not None else scan.first_lacking(resume)
-    tail = _Tail(scan, resume, len(starts) > len(scan.starts))
+    tail = Tail(scan, resume, len(starts) > len(scan.starts))
     return Decision(starts, list(scan.pending), tail, reserved=set(scan.reserved), blocked=blocked,
-                    preempt=_preempt(scan, blocked, running, team))  # fmt: skip
+                    preempt=_preempt(scan, blocked, running, policies))  # fmt: skip
 
 
-def _preempt(scan: _Scan, blocked: int | None, running: Sequence[Resources | RunningJob], team: Team | None) -> list[int]:
-    if team is None or not team.preemption or blocked is None:
+def _preempt(scan: Scan, blocked: int | None, running: Sequence[Resources | RunningJob],
+             policies: PolicySet | None) -> list[int]:  # fmt: skip
+    if policies is None or not policies.preempters or blocked is None:
         return []
     jobs = [r for r in running if isinstance(r, RunningJob)]
-    if not any(r.preemptible for r in jobs):
-        return []
     job = next(j for j in scan.ordered if j.job_id == blocked)
-    return victims(job, scan.free, jobs, team)
+    for policy in policies.preempters:
+        chosen = policy.victims(job, scan.free, jobs, scan.team)
+        if chosen:
+            return chosen
+    return []

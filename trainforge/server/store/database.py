@@ -1,4 +1,5 @@
-"""The train server's state: jobs and their events, in SQLite.
+"""The train server's state: jobs and their events, in SQLite (the other tables' rows: the modules
+beside this one, reached as this store's attributes).
 
 One database file (``<state_dir>/state.db``), WAL mode with ``synchronous=NORMAL`` (a commit survives
 a crash of the server; only a power loss can roll back the last ones), ``busy_timeout`` 5 s. Every
@@ -11,9 +12,10 @@ connections (and open files) to the database.
 
 Each change of a job is one transaction: the row's update and an ``events`` row with a monotonic
 ``seq``. ``seq`` is the id of the server-sent event that carries it, so a client that reconnects
-with ``Last-Event-ID`` misses nothing (:meth:`JobStore.events_after`).
-The schema version is ``PRAGMA user_version``; a migration is one transaction, done before the server
-serves anything.
+with ``Last-Event-ID`` misses nothing (:meth:`JobStore.events_after`). Whoever keeps facts derived
+from the jobs (the Tune experiments' trials) is told of each committed change that concerns them
+(:meth:`JobStore.watch`), so that they write where the fact arises, never on a read.
+The schema version is ``PRAGMA user_version``; the migrations are :mod:`~trainforge.server.store.migrations`.
 """
 
 from __future__ import annotations
@@ -21,22 +23,29 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from trainforge._internal.job_events import EventType
 from trainforge._internal.state_files import open_append
-from trainforge.client._states import JobEvent, JobState
-from trainforge.server.store.experiment_tables import (
-    EXPERIMENT_OWNER,
-    EXPERIMENT_TABLES,
-    TRIAL_STATES_OF_TUNE,
-)
+from trainforge.client import JobEvent, JobState
+from trainforge.server.store.audit import AuditRows
+from trainforge.server.store.experiments import ExperimentRows
+from trainforge.server.store.job_rows import COLUMNS, JSON_COLUMNS, Change, Event, JobRow
+from trainforge.server.store.migrations import MIGRATIONS as _MIGRATIONS
+from trainforge.server.store.migrations import SCHEMA_VERSION as _SCHEMA_VERSION
+from trainforge.server.store.migrations import migrate
 from trainforge.server.store.readers import ReaderPool as _ReaderPool
-from trainforge.server.store.team_tables import ISOLATION_TABLES, TEAM_TABLES
+from trainforge.server.store.tokens import JobTokenRows
+from trainforge.server.store.users import UserRows
+
+__all__ = ["READERS", "Change", "Event", "JobRow", "JobStore", "JobsChanged", "_MIGRATIONS", "_SCHEMA_VERSION"]
+
+logger = logging.getLogger(__name__)
 
 # Reader connections at most. Each row SQLite steps through releases and retakes the GIL, so readers
 # at once mostly wait on each other for it: on 2 cores, 20 threads reading 50 jobs at once, each on a
@@ -44,130 +53,19 @@ from trainforge.server.store.team_tables import ISOLATION_TABLES, TEAM_TABLES
 # 7/8, but then one long read holds up every other). bench/bench_server.py --parts load: the server.
 READERS = 2
 
-_MIGRATIONS = {
-    1: """
-    CREATE TABLE jobs (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        name TEXT NOT NULL,
-        submission_id TEXT UNIQUE,
-        kind TEXT NOT NULL,
-        state TEXT NOT NULL,
-        priority INTEGER NOT NULL DEFAULT 0,
-        spec TEXT NOT NULL,
-        submitted_at REAL NOT NULL,
-        started_at REAL,
-        ended_at REAL,
-        attempt INTEGER NOT NULL DEFAULT 0,
-        max_retries INTEGER NOT NULL DEFAULT 1,
-        grant_json TEXT,
-        workers INTEGER,
-        gpu_ids TEXT,
-        pid INTEGER,
-        pid_start_time REAL,
-        run_path TEXT,
-        exit_code INTEGER,
-        failure_class TEXT,
-        error TEXT,
-        events_offset INTEGER NOT NULL DEFAULT 0,
-        last_metrics TEXT,
-        reports INTEGER NOT NULL DEFAULT 0
-    );
-    CREATE INDEX jobs_state ON jobs(state, id);
-    CREATE TABLE events (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        job_id INTEGER NOT NULL,
-        ts REAL NOT NULL,
-        type TEXT NOT NULL,
-        payload TEXT NOT NULL
-    );
-    CREATE INDEX events_job ON events(job_id, seq);
-    """,
-    # What a submission asked for (a digest of its spec, name, priority, hold, retries and trainer), so a
-    # retried submission_id is recognised, and one reused for another job refused.
-    2: "ALTER TABLE jobs ADD COLUMN submission_digest TEXT",
-    3: EXPERIMENT_TABLES,  # Tune experiments, their trials and decisions (trainforge.server.store.experiment_tables)
-    4: TEAM_TABLES,  # users, jobs' owners, audit, fair-share usage, preemption (trainforge.server.store.team_tables)
-    5: EXPERIMENT_OWNER,  # who imported an experiment (trainforge.server.store.experiment_tables)
-    6: ISOLATION_TABLES,  # users' uids, jobs' credentials (trainforge.server.store.team_tables)
-    7: TRIAL_STATES_OF_TUNE,  # trials' states in Tune's names (trainforge.server.store.experiment_tables)
-}
-_SCHEMA_VERSION = max(_MIGRATIONS)  # the newest migration: each adds its own key
-
-
-@dataclasses.dataclass
-class JobRow:
-    id: int
-    name: str
-    submission_id: str | None
-    kind: str
-    state: JobState
-    priority: int
-    spec: dict[str, Any]
-    submitted_at: float
-    started_at: float | None
-    ended_at: float | None
-    attempt: int
-    max_retries: int
-    grant: dict[str, float] | None
-    workers: int | None
-    gpu_ids: list[str] | None
-    pid: int | None
-    pid_start_time: float | None
-    run_path: str | None
-    exit_code: int | None
-    failure_class: str | None
-    error: str | None
-    events_offset: int
-    last_metrics: dict[str, Any] | None
-    reports: int
-    submission_digest: str | None = None
-    owner: str = "admin"  # who submitted it (the state directory's token is the user "admin")
-    preemptible: bool = False
-    preempted_at: float | None = None  # when it was last asked to give its resources back
-    preemptions: int = 0
-
-    @property
-    def preempting(self) -> bool:
-        """Asked to stop for a higher-priority job: it is requeued once its runner has ended."""
-        return self.state == JobState.STOPPING and self.preempted_at is not None and (
-            self.started_at is None or self.preempted_at >= self.started_at
-        )
-
-    @classmethod
-    def from_sql(cls, row: sqlite3.Row) -> JobRow:
-        d = dict(row)
-        d["preemptible"] = bool(d.get("preemptible"))
-        d["spec"] = json.loads(d["spec"])
-        d["state"] = JobState(d["state"])
-        grant = d.pop("grant_json")
-        d["grant"] = json.loads(grant) if grant else None
-        d["gpu_ids"] = json.loads(d["gpu_ids"]) if d["gpu_ids"] else None
-        d["last_metrics"] = json.loads(d["last_metrics"]) if d["last_metrics"] else None
-        return cls(**d)
-
 
 @dataclasses.dataclass(frozen=True)
-class Event:
-    seq: int
-    job_id: int
-    ts: float
-    type: str
-    payload: dict[str, Any]
+class JobsChanged:
+    """What one committed transaction did to the jobs, as :meth:`JobStore.watch`'s listeners are told:
+    the jobs it ``added`` (id -> spec) and those whose state or events offset it ``moved``."""
 
-
-# One change of a job (JobStore.update_many): (job id, event or None, its payload, the fields to set).
-Change = tuple[int, JobEvent | None, dict[str, Any] | None, dict[str, Any]]
-
-_JSON_COLUMNS = {"spec", "grant_json", "gpu_ids", "last_metrics"}
-_COLUMNS = {
-    "name", "state", "priority", "started_at", "ended_at", "attempt", "max_retries", "grant_json", "workers",
-    "gpu_ids", "pid", "pid_start_time", "run_path", "exit_code", "failure_class", "error", "events_offset",
-    "last_metrics", "reports", "spec", "preempted_at", "preemptions",
-}  # fmt: skip
+    added: Mapping[int, Mapping[str, Any]]
+    moved: frozenset[int]
 
 
 class JobStore:
-    """Jobs and events in ``path`` (created and migrated on open). Thread-safe."""
+    """Jobs and events in ``path`` (created and migrated on open), and the other tables' rows:
+    :attr:`users`, :attr:`audit`, :attr:`job_tokens`, :attr:`experiments`. Thread-safe."""
 
     def __init__(self, path: str, *, durable: bool = False, readers: int = READERS):
         self.path = path
@@ -178,8 +76,16 @@ class JobStore:
         self._last_seq = 0
         self._txn_seq = 0  # the highest event seq of the transaction under way (under _write_lock)
         self._txn_counts: list[tuple[tuple[str, str], int]] = []  # its changes of the counts, applied at commit
+        self._txn_added: dict[int, Mapping[str, Any]] = {}  # the jobs it added (for the listeners)
+        self._txn_moved: set[int] = set()  # the jobs whose state or events offset it changed
+        self._listeners: list[Callable[[JobsChanged], None]] = []
         self._writer = self._connect()
-        self._migrate()
+        with self._write_lock:
+            migrate(self._writer, path)
+        self.users = UserRows(self)
+        self.audit = AuditRows(self)
+        self.job_tokens = JobTokenRows(self)
+        self.experiments = ExperimentRows(self)
         self._last_seq = self._writer.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
         # Jobs by (owner, state), kept in memory (the operators' /metrics reads it at every scrape).
         self._counts = collections.Counter({(r[0], r[1]): int(r[2]) for r in self._writer.execute(
@@ -207,32 +113,13 @@ class JobStore:
         with self._write_lock:
             self._writer.close()
 
-    def _migrate(self) -> None:
-        with self._write_lock:
-            version = self._writer.execute("PRAGMA user_version").fetchone()[0]
-            if version > _SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"{self.path} was written by a newer trainforge (schema {version}, this one knows "
-                    f"{_SCHEMA_VERSION}): upgrade trainforge, or start the server with another --state-dir."
-                )
-            for target in range(version + 1, _SCHEMA_VERSION + 1):
-                self._writer.execute("BEGIN IMMEDIATE")
-                try:
-                    for statement in _MIGRATIONS[target].split(";"):
-                        if statement.strip():
-                            self._writer.execute(statement)
-                    self._writer.execute(f"PRAGMA user_version={target}")
-                    self._writer.execute("COMMIT")
-                except BaseException:
-                    self._writer.execute("ROLLBACK")
-                    raise
-
     # -- writes -----------------------------------------------------------------------------------
     def _transaction(self, work: Any) -> Any:
         with self._write_lock:
             conn = self._writer
             self._txn_seq = 0
             self._txn_counts = []
+            self._txn_added, self._txn_moved = {}, set()
             conn.execute("BEGIN IMMEDIATE")
             try:
                 value = work(conn)
@@ -244,7 +131,22 @@ class JobStore:
                 self._last_seq = self._txn_seq
             for key, n in self._txn_counts:
                 self._counts[key] += n
+            changed = JobsChanged(self._txn_added, frozenset(self._txn_moved))
+            listeners = list(self._listeners) if changed.added or changed.moved else []
+        for listener in listeners:  # outside the lock: a listener may write (its own transaction)
+            try:
+                listener(changed)
+            except Exception:  # the change is committed: a listener's failure must not undo the caller's
+                logger.exception("a listener of the store's job changes failed on %s", changed)
         return value
+
+    def watch(self, listener: Callable[[JobsChanged], None]) -> None:
+        """Call ``listener`` after each committed transaction that added jobs or changed a job's state
+        or events offset, in the committing thread, after the write lock is released (it may read and
+        write the store; its exceptions are logged, never raised to the committer). Two commits of two
+        threads may reach a listener in either order: it reads the current rows, not the change's."""
+        with self._write_lock:
+            self._listeners.append(listener)
 
     def counts(self) -> dict[tuple[str, str], int]:
         """How many jobs each ``(owner, state)`` has now (in memory: no query)."""
@@ -301,6 +203,7 @@ class JobStore:
             )  # fmt: skip
             job_id = int(cur.lastrowid or 0)
             self._txn_counts.append(((owner, str(state)), 1))
+            self._txn_added[job_id] = spec
             self._event(conn, job_id, JobEvent.SUBMITTED, {"state": state, "name": name, "priority": priority})
             if materialize is not None:
                 materialize(job_id)
@@ -331,13 +234,16 @@ class JobStore:
         columns = dict(fields)
         if "grant" in columns:
             columns["grant_json"] = columns.pop("grant")
-        unknown = set(columns) - _COLUMNS
+        unknown = set(columns) - COLUMNS
         if unknown:
             raise ValueError(f"JobStore.update: unknown field(s) {sorted(unknown)}")
         if "state" in columns:
             self._count(conn, job_id, columns["state"])
+            self._txn_moved.add(job_id)
+        elif "events_offset" in columns:
+            self._txn_moved.add(job_id)
         if columns:
-            values = [json.dumps(v) if k in _JSON_COLUMNS and v is not None else v for k, v in columns.items()]
+            values = [json.dumps(v) if k in JSON_COLUMNS and v is not None else v for k, v in columns.items()]
             sets = ", ".join(f"{k}=?" for k in columns)
             conn.execute(f"UPDATE jobs SET {sets} WHERE id=?", (*values, job_id))
         if event is not None:
@@ -364,7 +270,7 @@ class JobStore:
 
         self._transaction(work)
 
-    # -- the other tables' readers and writers (e.g. trainforge.server.experiments.book) ---------------
+    # -- for the store's own modules (the other tables' rows); nowhere else: no SQL outside the store --
     def write(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
         """``work(conn)`` in one write transaction on the one writer connection; its result."""
         return self._transaction(work)
@@ -376,6 +282,20 @@ class JobStore:
     def query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         """The rows of one read query, on a reader connection."""
         return self._read(sql, args)
+
+    # -- fair-share usage (trainforge.server.scheduling.accounting's UsageStore) -------------------------
+    def usage_rows(self) -> dict[str, tuple[float, float]]:
+        """Each user's decayed usage as last saved: user -> (value, as of when)."""
+        return {row["user"]: (float(row["value"]), float(row["at"])) for row in self._read("SELECT user, value, at FROM usage")}
+
+    def save_usage(self, values: Mapping[str, float], at: float) -> None:
+        """Each user's usage ``values`` as of ``at``."""
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.executemany("INSERT INTO usage(user, value, at) VALUES (?, ?, ?) ON CONFLICT(user) DO UPDATE "
+                             "SET value=excluded.value, at=excluded.at", [(u, v, at) for u, v in values.items()])  # fmt: skip
+
+        self._transaction(work)
 
     # -- reads ------------------------------------------------------------------------------------
     def get(self, job_id: int) -> JobRow | None:
@@ -431,6 +351,16 @@ class JobStore:
     def by_submission(self, submission_id: str) -> JobRow | None:
         rows = self._read("SELECT * FROM jobs WHERE submission_id=?", (submission_id,))
         return JobRow.from_sql(rows[0]) if rows else None
+
+    def owner_of(self, job_id: int) -> str | None:
+        """Who submitted the job ``job_id`` (None: no such job)."""
+        rows = self._read("SELECT owner FROM jobs WHERE id=?", (job_id,))
+        return str(rows[0][0]) if rows else None
+
+    def oldest_submitted_at(self, state: str) -> float | None:
+        """When the oldest job in ``state`` was submitted (None: no job is)."""
+        rows = self._read("SELECT submitted_at FROM jobs WHERE state=? ORDER BY id LIMIT 1", (state,))
+        return float(rows[0][0]) if rows else None
 
     def ids(self) -> set[int]:
         """Every job's id."""

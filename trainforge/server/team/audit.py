@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from typing import Any
 
 from trainforge._internal.constants import API_PREFIX
 from trainforge._internal.http import SAFE_METHODS
+from trainforge.server.store.audit import AuditRowsRefused
 from trainforge.server.store.database import JobStore
 from trainforge.server.team.users import Principal
 
@@ -90,32 +90,16 @@ class AuditLog:
             return
         rows = [(e.ts, e.user, e.role, e.action, e.method, e.path, e.job_id, e.status, e.client, e.detail)
                 for e in entries]  # fmt: skip
-
-        def work(conn: sqlite3.Connection) -> None:
-            conn.executemany("INSERT INTO audit(ts, user, role, action, method, path, job_id, status, client, detail) "
-                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)  # fmt: skip
-
         try:
-            self.store.write(work)
-        except sqlite3.ProgrammingError:  # the store closed under us (the server is stopping)
-            pass
-        except (sqlite3.Error, OverflowError, ValueError):  # never let one bad entry stop the log
+            self.store.audit.add(rows)  # dropped once the store is closed (the server is stopping)
+        except AuditRowsRefused:  # never let one bad entry stop the log
             logger.exception("writing %d audit entries", len(rows))
 
     def query(self, *, user: str | None = None, job_id: int | None = None, before: int | None = None,
               limit: int = 100) -> list[dict[str, Any]]:  # fmt: skip
         """Entries, newest first: of ``user``, of ``job_id``, older than the entry ``before``."""
         self.flush()
-        where, args = [], []
-        for column, value in (("user", user), ("job_id", job_id)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                args.append(value)
-        if before is not None:
-            where.append("seq < ?")
-            args.append(before)
-        sql = "SELECT * FROM audit" + (" WHERE " + " AND ".join(where) if where else "")
-        return [dict(r) for r in self.store.query(sql + f" ORDER BY seq DESC LIMIT {int(limit)}", args)]
+        return self.store.audit.newest(user=user, job_id=job_id, before=before, limit=limit)
 
     def close(self) -> None:
         """Write what is pending; later entries are dropped."""

@@ -16,7 +16,6 @@ import hashlib
 import hmac
 import re
 import secrets
-import sqlite3
 import threading
 import time
 
@@ -37,20 +36,13 @@ class JobTokens:
         self.store = store
         self._lock = threading.Lock()
         self._live: dict[int, tuple[str, str]] = {}  # job id -> (owner, token hash)
-        for row in store.query("SELECT job_id, owner, token_hash FROM job_tokens"):
-            self._live[int(row[0])] = (row[1], row[2])
+        self._live.update(store.job_tokens.all())
 
     def issue(self, job_id: int, owner: str) -> str:
         """A new credential for job ``job_id`` of ``owner`` (any earlier one of the job ends)."""
         secret = secrets.token_urlsafe(32)
         digest = _hash(secret)
-
-        def work(conn: sqlite3.Connection) -> None:
-            conn.execute("INSERT INTO job_tokens(job_id, owner, token_hash, created_at) VALUES (?, ?, ?, ?) "
-                         "ON CONFLICT(job_id) DO UPDATE SET owner=excluded.owner, token_hash=excluded.token_hash, "
-                         "created_at=excluded.created_at", (job_id, owner, digest, time.time()))  # fmt: skip
-
-        self.store.write(work)
+        self.store.job_tokens.put(job_id, owner, digest, time.time())
         with self._lock:
             self._live[job_id] = (owner, digest)
         return f"{PREFIX}.{job_id}.{secret}"
@@ -60,7 +52,7 @@ class JobTokens:
         with self._lock:
             known = self._live.pop(job_id, None)
         if known is not None:
-            self.store.write(lambda conn: conn.execute("DELETE FROM job_tokens WHERE job_id=?", (job_id,)))
+            self.store.job_tokens.delete(job_id)
 
     def verify(self, token: str) -> tuple[int, str] | None:
         """``(job id, owner)`` of a live job's credential, or None. Constant-time comparison."""

@@ -30,13 +30,13 @@ import hmac
 import json
 import re
 import secrets
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Literal
 
 from trainforge.server.store.database import JobStore
+from trainforge.server.store.users import NoSuchUser, UserExists
 
 Role = Literal["admin", "member", "viewer"]
 ROLES: tuple[str, ...] = ("admin", "member", "viewer")
@@ -141,15 +141,6 @@ def check_os_user(os_user: str | None) -> None:
         raise ValueError(f"os_user={os_user!r} is root: a job never runs as root; give the user's own account")
 
 
-def _next_uid(conn: sqlite3.Connection) -> int:
-    """Inside a write: the next user number (from 1; the admin's is 0), never one given before."""
-    row = conn.execute("SELECT value FROM counters WHERE name='user_uid'").fetchone()
-    value = (int(row[0]) if row else 0) + 1
-    conn.execute("INSERT INTO counters(name, value) VALUES ('user_uid', ?) "
-                 "ON CONFLICT(name) DO UPDATE SET value=excluded.value", (value,))  # fmt: skip
-    return value
-
-
 def removed_name(name: str, when: float, taken: Callable[[str], bool] = lambda _: False) -> str:
     """What a removed user's jobs and usage are kept under: ``"bob (removed 2026-11-28 14:03:12 UTC)"``,
     which no user can be called (:data:`NAME_PATTERN` has no spaces or parentheses), made unique with
@@ -229,10 +220,10 @@ class UserBook:
         self._lock = threading.Lock()
         self._users: dict[str, User] = {}
         self._keys: dict[str, tuple[str, str, str]] = {}  # key id -> (name, salt, hash)
-        for row in store.query("SELECT * FROM users ORDER BY name"):
+        for row in store.users.all():
             self._keep(row)
 
-    def _keep(self, row: sqlite3.Row) -> User:
+    def _keep(self, row: dict[str, Any]) -> User:
         user = User(name=row["name"], role=row["role"], shares=float(row["shares"]),
                     quota=json.loads(row["quota"]) if row["quota"] else None, created_at=row["created_at"],
                     rotated_at=row["rotated_at"], key_id=row["key_id"], uid=row["uid"],
@@ -304,26 +295,20 @@ class UserBook:
             raise UserConflictError(f"{name!r} is a built-in user (the state directory's token is {ADMIN!r}, the "
                                     f"scrape token {SCRAPER!r}): choose another name")  # fmt: skip
         token, key_id, salt, digest = _new_token()
-
-        def work(conn: sqlite3.Connection) -> sqlite3.Row:
-            if conn.execute("SELECT 1 FROM users WHERE name=?", (name,)).fetchone():
-                raise UserConflictError(f"user {name!r} exists: rotate their token (`trainforge server users rotate "
-                                        f"{name}`) or remove them first")  # fmt: skip
-            conn.execute(
-                "INSERT INTO users(name, role, key_id, salt, token_hash, shares, quota, created_at, uid, os_user) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (name, role, key_id, salt, digest, float(shares), json.dumps(quota) if quota else None, time.time(),
-                 _next_uid(conn), os_user),
-            )  # fmt: skip
-            return conn.execute("SELECT * FROM users WHERE name=?", (name,)).fetchone()
-
-        return self._keep(self.store.write(work)), token
+        try:
+            row = self.store.users.add(name, role=role, key_id=key_id, salt=salt, token_hash=digest,
+                                       shares=float(shares), quota=json.dumps(quota) if quota else None,
+                                       created_at=time.time(), os_user=os_user)  # fmt: skip
+        except UserExists:
+            raise UserConflictError(f"user {name!r} exists: rotate their token (`trainforge server users rotate "
+                                    f"{name}`) or remove them first") from None  # fmt: skip
+        return self._keep(row), token
 
     def rotate(self, name: str) -> tuple[User, str]:
         """A new token for ``name`` (the old one stops working at once)."""
         self.get(name)
         token, key_id, salt, digest = _new_token()
-        row = self._change(name, "key_id=?, salt=?, token_hash=?, rotated_at=?", (key_id, salt, digest, time.time()))
+        row = self._change(name, key_id=key_id, salt=salt, token_hash=digest, rotated_at=time.time())
         return self._keep(row), token
 
     def update(self, name: str, *, role: str | None = None, shares: float | None = None,
@@ -338,9 +323,8 @@ class UserBook:
         check_os_user(os_user)
         new_quota = None if clear_quota else (quota if quota is not None else user.quota)
         new_os_user = None if clear_os_user else (os_user if os_user is not None else user.os_user)
-        row = self._change(name, "role=?, shares=?, quota=?, os_user=?", (
-            role or user.role, float(shares if shares is not None else user.shares),
-            json.dumps(new_quota) if new_quota else None, new_os_user))  # fmt: skip
+        row = self._change(name, role=role or user.role, shares=float(shares if shares is not None else user.shares),
+                           quota=json.dumps(new_quota) if new_quota else None, os_user=new_os_user)  # fmt: skip
         return self._keep(row)
 
     def uid(self, name: str) -> int:
@@ -351,17 +335,10 @@ class UserBook:
         user = self.get(name)
         if user.uid is not None:
             return user.uid
-
-        def work(conn: sqlite3.Connection) -> sqlite3.Row:
-            row = conn.execute("SELECT * FROM users WHERE name=?", (name,)).fetchone()
-            if row is None:
-                raise UnknownUserError(f"no user {name!r}")
-            if row["uid"] is None:
-                conn.execute("UPDATE users SET uid=? WHERE name=?", (_next_uid(conn), name))
-                row = conn.execute("SELECT * FROM users WHERE name=?", (name,)).fetchone()
-            return row
-
-        kept = self._keep(self.store.write(work))
+        try:
+            kept = self._keep(self.store.users.give_uid(name))
+        except NoSuchUser:
+            raise UnknownUserError(f"no user {name!r}") from None
         assert kept.uid is not None
         return kept.uid
 
@@ -372,29 +349,18 @@ class UserBook:
         transaction (a crash leaves the user and their jobs as they were, or all of it done). Returns
         that name and how many jobs it holds."""
         self.get(name)
-
-        def work(conn: sqlite3.Connection) -> tuple[str, int]:
-            if conn.execute("DELETE FROM users WHERE name=?", (name,)).rowcount == 0:
-                raise UnknownUserError(f"no user {name!r} (list them with `trainforge server users list`)")
-            tombstone = removed_name(name, time.time(), lambda n: conn.execute(
-                "SELECT 1 FROM jobs WHERE owner=? UNION ALL SELECT 1 FROM usage WHERE user=? LIMIT 1", (n, n)
-            ).fetchone() is not None)  # fmt: skip
-            conn.execute("UPDATE usage SET user=? WHERE user=?", (tombstone, name))
-            return tombstone, self.store.rename_owner(conn, name, tombstone)
-
-        tombstone, jobs = self.store.write(work)
+        try:
+            tombstone, jobs = self.store.users.remove(name, lambda taken: removed_name(name, time.time(), taken))
+        except NoSuchUser:
+            raise UnknownUserError(f"no user {name!r} (list them with `trainforge server users list`)") from None
         with self._lock:
             user = self._users.pop(name, None)
             if user is not None:
                 self._keys.pop(user.key_id, None)
         return tombstone, jobs
 
-    def _change(self, name: str, sets: str, values: tuple[Any, ...]) -> sqlite3.Row:
-        def work(conn: sqlite3.Connection) -> sqlite3.Row:
-            conn.execute(f"UPDATE users SET {sets} WHERE name=?", (*values, name))
-            row = conn.execute("SELECT * FROM users WHERE name=?", (name,)).fetchone()
-            if row is None:
-                raise UnknownUserError(f"no user {name!r}")
-            return row
-
-        return self.store.write(work)  # type: ignore[no-any-return]
+    def _change(self, name: str, **fields: Any) -> dict[str, Any]:
+        try:
+            return self.store.users.update(name, **fields)
+        except NoSuchUser:
+            raise UnknownUserError(f"no user {name!r}") from None

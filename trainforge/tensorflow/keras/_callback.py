@@ -10,7 +10,7 @@ from typing import Any
 
 from trainforge import get_context, report
 from trainforge.tensorflow._checkpoint import TensorflowCheckpoint
-from trainforge.tensorflow._env import import_tf_keras
+from trainforge.tensorflow.env import import_tf_keras
 
 _KerasCallback: Any = import_tf_keras().callbacks.Callback  # type: ignore[attr-defined]
 

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from trainforge._internal.metric_path import lookup
-from trainforge.tune._metric_mode import MetricMode
-
-_MODES = ("min", "max")
+from trainforge.tune._metric_mode import MetricMode, check_mode
 
 
 @dataclass(frozen=True)
@@ -158,11 +156,6 @@ class FIFOScheduler(TrialScheduler):
 
     def on_trial_result(self, trial_id: str, result: dict) -> str:
         return self.CONTINUE
-
-
-def check_mode(mode: object, where: str) -> None:
-    if mode not in _MODES:
-        raise ValueError(f'{where} must be "min" or "max", got {mode!r}.')
 
 
 def number(value: Any, owner: str, key: str) -> float | None:

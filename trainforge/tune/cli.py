@@ -35,7 +35,7 @@ def _where(p: Any) -> None:
 
 
 def _client(args: Any) -> Any:
-    from trainforge.server import Client
+    from trainforge.client import Client
 
     return Client(args.address, state_dir=args.state_dir)
 
