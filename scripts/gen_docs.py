@@ -7,7 +7,8 @@ What it writes (each page says it is generated; edit the source, then run this):
 
 - ``docs/reference/*.md``: one API page per public package (``trainforge``, ``trainforge.tune``, ...), found
   by reading the source (no import): every module whose dotted name has no part starting with ``_`` and
-  that defines a non-empty ``__all__``. Each page is mkdocstrings' ``::: module`` with exactly the
+  that defines a non-empty ``__all__`` (but not the train server's inside: ``trainforge.server``'s
+  subpackages are internal, its face is ``trainforge.server``). Each page is mkdocstrings' ``::: module`` with exactly the
   names of its ``__all__``; a package's public submodules are sections of its page.
 - ``docs/benchmarks/*.md``: one page per ``bench/results/*.json``, whose table is the JSON's (its
   ``table``: ``header`` and ``rows``; or, for the two files without one, built here from their fields),
@@ -69,6 +70,8 @@ def public_modules() -> dict[str, list[str]]:
             parts = parts[:-1]
         if any(p.startswith("_") for p in parts):  # private modules, __main__ included
             continue
+        if parts[:2] == ["trainforge", "server"] and len(parts) > 2:
+            continue  # the server's packages (store/, scheduling/, ...) are its inside: its face is its __init__
         names = _literal_all(path)
         if names:
             found[".".join(parts)] = names

@@ -6,7 +6,7 @@ users' usage), the configured policies (:mod:`trainforge.server.scheduling.polic
 :class:`~trainforge.server.scheduling.sharing.Team` (:meth:`team`), the preemption executor
 (:mod:`trainforge.server.jobs.preemption`) and the operators' counters
 (:mod:`trainforge.server.jobs.metrics`). What people and operators read of them (``/shares``,
-``/whoami``, ``/metrics``, ``trainforge server policies``) is read here.
+``/whoami``, ``/metrics``, ``GET /resources`` and ``trainforge resources``) is read here.
 """
 
 from __future__ import annotations

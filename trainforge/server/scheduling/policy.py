@@ -13,8 +13,8 @@ hooks it needs:
 - :meth:`Policy.victims`: which running jobs to preempt for the first blocked job (preemption);
 - :meth:`Policy.next_change`: the next moment a time-based rule could change the answer with no
   other event (a job passing its preemption exemption), so the server decides again then;
-- :meth:`Policy.describe` and :meth:`Policy.metrics`: what it shows people (``trainforge server
-  policies``, ``GET /policies``) and operators (``/metrics``).
+- :meth:`Policy.describe` and :meth:`Policy.metrics`: what it shows people (``trainforge
+  resources``, ``GET /resources``) and operators (``/metrics``).
 
 Every hook gets the decision's :class:`~trainforge.server.scheduling.sharing.Team` (usage, shares,
 quotas as they are at the decision). Policies are named in a registry
