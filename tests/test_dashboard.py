@@ -20,7 +20,7 @@ import pytest
 
 import trainforge
 from trainforge import DataParallelTrainer, RunConfig, ScalingConfig
-from trainforge.server._display import fmt_bytes
+from trainforge._internal.amounts import fmt_bytes
 
 pytestmark = pytest.mark.slow
 

@@ -86,20 +86,20 @@ def test_an_asha_search_on_the_server_on_its_experiment_page(train_server, page,
     page.locator("header nav a", has_text="Experiments").click()
     row = page.locator("#experiment-1")
     assert "asha-e2e" in row.inner_text() and "ASHAScheduler" in row.inner_text() and "loss min" in row.inner_text()
-    assert "1 running" in row.inner_text()
+    assert "1 RUNNING" in row.inner_text()
     row.locator("a", has_text="asha-e2e").click()
     page.wait_for_function("() => document.getElementById('page').dataset.ready === '1'", timeout=30_000)
     live_row = page.locator(f'#trials tr[id="trial-{last["trial_id"]}"]')
-    assert live_row.get_attribute("data-state") == "running"
+    assert live_row.get_attribute("data-state") == "RUNNING"
     open(gate, "w").close()  # the last trial goes on: its row follows over the stream, no reload
-    page.locator(f'#trials tr[id="trial-{last["trial_id"]}"][data-state="completed"]').wait_for(timeout=60_000)
+    page.locator(f'#trials tr[id="trial-{last["trial_id"]}"][data-state="TERMINATED"]').wait_for(timeout=60_000)
     fit.join(120)
     assert results and results[0].num_errors == 0 and len(results[0]) == 12
-    page.locator("#counts", has_text="10 completed").wait_for(timeout=30_000)
+    page.locator("#counts", has_text="12 TERMINATED (2 pruned)").wait_for(timeout=30_000)  # 10 ran to their end
 
     # The table: 12 trials, the two pruned ones saying where.
     trials = {t["trial_id"]: t for t in client.request("GET", "/experiments/1/trials")["trials"]}
-    pruned = [t for t in trials.values() if t["state"] == "pruned"]
+    pruned = [t for t in trials.values() if t["state"] == "TERMINATED" and t["reason"]["kind"] == "pruned"]
     assert sorted(t["config"]["x"] for t in pruned) == [1.0, 1.0]
     assert page.locator("#trials tr").count() == 12
     for t in pruned:
@@ -119,7 +119,7 @@ def test_an_asha_search_on_the_server_on_its_experiment_page(train_server, page,
     page.wait_for_function("() => Number(document.getElementById('curves').dataset.drawn) === 12", timeout=30_000)
     ends = page.locator("#curves").evaluate("c => JSON.parse(c.dataset.ends)")
     for trial_id, t in trials.items():
-        assert ends[trial_id] == (1 if t["state"] == "pruned" else STEPS), (trial_id, ends)
+        assert ends[trial_id] == (1 if t in pruned else STEPS), (trial_id, ends)
     for t in pruned:
         assert client.request("GET", f"/jobs/{t['job']}/series")["series"]["loss"]["i"] == [0]
     assert page.locator("#curve-legend .gradient-labels").inner_text().split() == ["0", "0.5", "1"]  # x, rounded

@@ -1,4 +1,5 @@
-"""How the train server's CLI and pages show values (trainforge/server/_display.py): one rule each,
+"""How the train server's CLI and pages show values (trainforge/server/_display.py, and the one number
+formatter, trainforge/_internal/amounts.py): one rule each,
 and what those rules give for the cases a user met (issue 25: memory as ``0/2.3129e+10``, Tune trial
 names cut to one prefix, ``epoch`` before ``val_accuracy``)."""
 
@@ -6,15 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from trainforge._internal.amounts import fmt_bytes, fmt_resources
 from trainforge.server._config import parse_resources
-from trainforge.server._display import (
-    column_width,
-    cut_middle,
-    fmt_bytes,
-    fmt_resources,
-    metric_rank,
-    ordered_metrics,
-)
+from trainforge.server._display import column_width, cut_middle, metric_rank, ordered_metrics
 
 # The values the browser test also gives static/units.js: both must print the same text.
 BYTES_CASES = {

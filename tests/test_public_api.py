@@ -68,7 +68,8 @@ def test_client_all_is_pinned():
     assert trainforge.client.__all__ == [
         "ACTIVE_STATES", "BadResponseError", "Client", "ClientConfigError", "ClientError", "InvalidJobError", "Job",
         "JobConflictError", "JobEvent", "JobNotFoundError", "JobState", "JobStatus", "JobTimeoutError", "ServerError",
-        "ServerNotFoundError", "ServerTimeoutError", "TERMINAL_STATES", "WAITING_STATES", "discover",
+        "ServerNotFoundError", "ServerTimeoutError", "TERMINAL_STATES", "TrialDecision", "TrialState", "WAITING_STATES",
+        "discover", "trial_state",
     ]  # fmt: skip
     from trainforge import server
 

@@ -513,7 +513,7 @@ def _error_text(r: httpx.Response) -> str:
         (
             {"kind": "script", "path": "a.py", "workers": 3, "max_workers": 2},
             "max_workers",
-            "max_workers=2 is less than workers=3",
+            "max_workers=2 is less than num_workers=3",  # an older client's "workers" is num_workers
         ),
         ({"kind": "script", "path": "a.py", "per_worker": {"CPU": -1}}, "CPU", "greater than or equal to 0"),
         ({"kind": "script", "path": "a.py", "per_worker": {"bad kind!": 1}}, "per_worker", "pattern"),
@@ -633,7 +633,7 @@ def test_elastic_job_fits_by_its_minimum(api):
     assert job["job"]["state"] == "RUNNING"
     assert api.starts.calls == [(job["id"], 4, {"CPU": 4.0})]  # as many as fit, up to max_workers
     assert job["job"]["request"] == {
-        "workers": 2,
+        "num_workers": 2,  # Ray's name for the user's number
         "max_workers": 10,
         "per_worker": {"CPU": 1.0},
         "driver": {},

@@ -183,7 +183,7 @@ def test_submit_streams_the_jobs_output_and_exits_with_its_outcome(train_server,
     assert r.returncode == 0, r.stdout + r.stderr
     assert "(argv ['0', '--workers', '2', '--no-wait'])" in r.stdout
     assert r.stdout.splitlines()[-1] == "trainforge: job 4 (server_cli_end.py): SUCCEEDED"
-    assert json.loads(ok(d, "status", "4", "--json"))["request"]["workers"] == 1
+    assert json.loads(ok(d, "status", "4", "--json"))["request"]["num_workers"] == 1
 
 
 def test_submit_prints_the_output_while_the_job_runs(train_server, tmp_path, streamed):
@@ -586,7 +586,7 @@ def test_user_errors_are_one_line_without_traceback(train_server, tmp_path):
         assert msg == (f"trainforge submit: {flag} {float(bad):g}: give a finite number >= 0 per worker (e.g. 0.5; "
                        "each worker counts at least 0.1 CPU)"), msg  # fmt: skip
     msg = one_line_error(tf(d, "submit", "--workers", "0", END, "0"))
-    assert msg == "trainforge: workers: Input should be greater than or equal to 1 (HTTP 422)"
+    assert msg == "trainforge: num_workers: Input should be greater than or equal to 1 (HTTP 422)"
     msg = one_line_error(tf(d, "submit", "--workers", "3", END, "0"))  # more than the server has
     assert "3 CPU (capacity 2)" in msg and "(HTTP 422)" in msg
     assert json.loads(ok(d, "jobs", "--json")) == []  # nothing was queued

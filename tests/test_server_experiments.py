@@ -20,8 +20,7 @@ pytest.importorskip("fastapi")
 
 from test_server_api import Api, P, read_sse  # noqa: E402
 
-from trainforge.client import JobState  # noqa: E402
-from trainforge.server.experiments.book import trial_state  # noqa: E402
+from trainforge.client import JobState, TrialState, trial_state  # noqa: E402
 from trainforge.server.jobs.runner import EVENTS_FILE  # noqa: E402
 
 SPACE = {"x": {"kind": "float", "low": 0.0, "high": 1.0}, "lr": {"kind": "float", "low": 1e-4, "high": 1e-1, "log": True}}
@@ -69,7 +68,7 @@ def test_trial_jobs_make_one_experiment_with_each_trials_numbers(api):
     api.submit(name="not-a-trial", hold=True)
     (listed,) = api.get(f"{P}/experiments").json()["experiments"]
     assert (listed["name"], listed["source"], listed["metric"], listed["mode"]) == ("asha", "server", "loss", "min")
-    assert listed["trials"] == 2 and listed["counts"] == {"running": 2} and listed["live"]
+    assert listed["trials"] == 2 and listed["counts"] == {"RUNNING": 2} and listed["live"]
     assert listed["best"]["trial_id"] == "b" and listed["best"]["value"] == 0.5 and listed["best"]["job"] == b
     body = api.get(f"{P}/experiments/1/trials").json()
     assert body["params"] == ["x", "lr", "seed"]  # the search space's first
@@ -82,8 +81,8 @@ def test_trial_jobs_make_one_experiment_with_each_trials_numbers(api):
     for job in (a, b):
         api.post(f"{P}/jobs/{job}/stop")
     ended = api.get(f"{P}/experiments/1").json()
-    assert ended["counts"] == {"stopped": 2} and not ended["live"] and ended["ended_at"] is not None
-    assert _trials(api)["a"]["reason"]["kind"] == "stopped"  # stopped on the server, not by the tuner
+    assert ended["counts"] == {"ERROR": 2} and not ended["live"] and ended["ended_at"] is not None
+    assert _trials(api)["a"]["reason"]["kind"] == "stopped"  # stopped on the server, not by the tuner: failed for Tune
     history = api.get(f"{P}/experiments/1/history").json()["points"]
     assert [p["n"] for p in history] == [1, 2] and history[-1]["best"] == 0.1
 
@@ -96,13 +95,17 @@ def test_a_stop_decision_ends_the_trial_and_its_job_chart_where_it_was_taken(api
     out = _decide(api, job, kind="pruned", iteration=2, rule="ASHAScheduler", rung=1, rung_at=2.0, value=0.9)
     assert out["detail"]["text"] == "ASHAScheduler stopped it at rung 1 (training_iteration 2)"
     trial = _trials(api)["p"]
-    assert (trial["iterations"], trial["last"], trial["best"], trial["state"]) == (2, 0.9, 0.9, "running")
+    assert (trial["iterations"], trial["last"], trial["best"], trial["state"]) == (2, 0.9, 0.9, "RUNNING")
     api.post(f"{P}/jobs/{job}/stop")
     trial = _trials(api)["p"]
-    assert trial["state"] == "pruned" and trial["reason"]["rung"] == 1 and trial["reason"]["iteration"] == 2
+    assert trial["state"] == "TERMINATED" and trial["reason"]["kind"] == "pruned"  # as Ray Tune shows it
+    assert trial["reason"]["rung"] == 1 and trial["reason"]["iteration"] == 2
+    summary = api.get(f"{P}/experiments/1").json()
+    assert summary["counts"] == {"TERMINATED": 1} and summary["pruned"] == 1
     curve = api.get(f"{P}/experiments/1/curves").json()
     assert curve["metric"] == "loss" and sorted(curve["metrics"]) == ["loss", "step"]
     assert curve["trials"]["p"]["i"] == [1, 2] and curve["trials"]["p"]["v"] == [1.0, 0.9] and curve["trials"]["p"]["cut"] == 2
+    assert curve["trials"]["p"]["state"] == "TERMINATED" and curve["trials"]["p"]["pruned"]
     series = api.get(f"{P}/jobs/{job}/series").json()  # the compare page and the job page tell the same story
     assert series["series"]["loss"]["i"] == [0, 1]
     events = [e for e in api.get(f"{P}/jobs/{job}/events").json() if e["type"] == "tune_decision"]
@@ -118,25 +121,38 @@ def test_an_exploited_trial_goes_on_in_a_new_job_and_its_curve_joins_both(api):
     _decide(api, first, kind="exploit", iteration=2, source_trial="other", rule="PopulationBasedTraining")
     api.post(f"{P}/jobs/{first}/stop")
     waiting = _trials(api)["pbt"]
-    assert waiting["state"] == "queued" and "exploited trial other" in waiting["reason"]["text"]
+    assert waiting["state"] == "PENDING" and "exploited trial other" in waiting["reason"]["text"]
     second = _trial(api, "pbt", {"lr": 0.05}, [0.6, 0.5])
     t = _trials(api)["pbt"]
     assert (t["jobs"], t["job"], t["config"], t["iterations"], t["last"], t["best"]) == ([first, second], second,
                                                                                        {"lr": 0.05}, 4, 0.5, 0.5)  # fmt: skip
-    assert t["state"] == "running" and t["reason"] is None
+    assert t["state"] == "RUNNING" and t["reason"] is None
     curve = api.get(f"{P}/experiments/1/curves").json()["trials"]["pbt"]
     assert curve["i"] == [1, 2, 3, 4] and curve["v"] == [1.0, 0.8, 0.6, 0.5]
     assert api.get(f"{P}/jobs/{first}/series").json()["series"]["loss"]["i"] == [0, 1]  # the earlier job, cut too
 
 
+def test_a_trial_the_tuners_ctrl_c_left_is_pending_as_in_its_snapshot_and_the_experiment_is_not_live(api):
+    """Ctrl-C: the tuner saves the trial PENDING (Tuner.restore continues it); the server says the same,
+    and, as nothing here will run it, the experiment has ended."""
+    job = _trial(api, "cut", {"x": 0.5}, [1.0, 0.9])
+    _decide(api, job, kind="interrupted", iteration=2)
+    api.post(f"{P}/jobs/{job}/stop")
+    trial = _trials(api)["cut"]
+    assert (trial["state"], trial["reason"]["kind"]) == ("PENDING", "interrupted")
+    summary = api.get(f"{P}/experiments/1").json()
+    assert summary["counts"] == {"PENDING": 1} and not summary["live"] and summary["ended_at"] is not None
+
+
 @pytest.mark.parametrize(("job_state", "kind", "expected"), [
-    (JobState.QUEUED, None, "queued"), (JobState.RUNNING, "pruned", "running"), (JobState.SUCCEEDED, None, "completed"),
-    (JobState.STOPPED, "pruned", "pruned"), (JobState.STOPPED, "max_t", "completed"), (JobState.STOPPED, "stopper", "completed"),
-    (JobState.STOPPED, "exploit", "queued"), (JobState.STOPPED, None, "stopped"), (JobState.FAILED, None, "errored"),
-    (JobState.SUCCEEDED, "error", "errored"), (JobState.STOPPED, "interrupted", "stopped"), (JobState.LOST, None, "queued"),
+    (JobState.QUEUED, None, "PENDING"), (JobState.RUNNING, "pruned", "RUNNING"), (JobState.SUCCEEDED, None, "TERMINATED"),
+    (JobState.STOPPED, "pruned", "TERMINATED"), (JobState.STOPPED, "max_t", "TERMINATED"),
+    (JobState.STOPPED, "stopper", "TERMINATED"), (JobState.STOPPED, "exploit", "PENDING"), (JobState.STOPPED, None, "ERROR"),
+    (JobState.FAILED, None, "ERROR"), (JobState.SUCCEEDED, "error", "ERROR"), (JobState.STOPPED, "interrupted", "PENDING"),
+    (JobState.LOST, None, "PENDING"),
 ])  # fmt: skip
 def test_a_trials_state_comes_from_its_job_and_the_tuners_decision(job_state, kind, expected):
-    assert trial_state(job_state, {"kind": kind} if kind else None) == expected
+    assert trial_state(job_state, kind) == TrialState(expected)
 
 
 def test_decisions_need_a_trial_job_and_a_valid_body(api):
@@ -208,11 +224,13 @@ def test_an_imported_experiment_is_a_snapshot_replaced_by_a_new_import(api):
     assert r.status_code == 201, r.text
     e = r.json()
     assert (e["source"], e["trials"], e["live"]) == ("import", 4, False)
-    assert e["counts"] == {"completed": 1, "pruned": 1, "errored": 1, "stopped": 1}
+    assert e["counts"] == {"TERMINATED": 2, "ERROR": 1, "PENDING": 1} and e["pruned"] == 1  # d: Tuner.restore's
     assert e["best"] == {"trial_id": "a", "value": 0.2, "job": None, "checkpoint": "/runs/local/a/checkpoint_000003",
                          "config": {"x": 0.1}}  # fmt: skip
     t = _trials(api, e["id"])
-    assert t["b"]["state"] == "pruned" and t["b"]["iterations"] == 1 and t["b"]["last"] == 1.5
+    assert t["b"]["state"] == "TERMINATED" and t["b"]["reason"]["kind"] == "pruned" and t["b"]["iterations"] == 1
+    assert t["a"]["state"] == "TERMINATED" and t["a"]["reason"]["kind"] == "max_t"
+    assert t["d"]["state"] == "PENDING" and t["d"]["reason"]["kind"] == "interrupted" and t["b"]["last"] == 1.5
     assert t["c"]["reason"]["text"] == "error: ValueError: boom"
     curves = api.get(f"{P}/experiments/{e['id']}/curves").json()["trials"]
     assert curves["b"]["i"] == [1] and curves["b"]["cut"] == 1  # its run went on; the trial ended at its rung
@@ -249,7 +267,7 @@ def test_the_stream_sends_changed_trials_and_ends_once_none_runs(api):
         seen.append((event["event"], data))
         if event["event"] == "trial" and data["iterations"] == 0 and len(seen) == 1:
             _report(api, job, [0.7])  # a report arrives: the stream sends the trial again
-        elif event["event"] == "trial" and data["iterations"] == 1 and data["state"] == "running":
+        elif event["event"] == "trial" and data["iterations"] == 1 and data["state"] == "RUNNING":
             api.service.stop(job)  # and once its job ends, nothing runs: the stream ends
 
     reply = read_sse(api.app, f"{P}/experiments/1/stream", query={"after": rev - 1}, on_event=on_event)
@@ -257,7 +275,7 @@ def test_the_stream_sends_changed_trials_and_ends_once_none_runs(api):
     kinds = [k for k, _ in seen]
     assert kinds[-1] == "idle" and "experiment" in kinds
     trials = [d for k, d in seen if k == "trial"]
-    assert [t["iterations"] for t in trials][:2] == [0, 1] and trials[-1]["state"] == "stopped"
+    assert [t["iterations"] for t in trials][:2] == [0, 1] and trials[-1]["state"] == "ERROR"
     ids = [int(e["id"]) for e in reply.events]
     assert ids == sorted(ids)
 
@@ -280,6 +298,33 @@ def test_the_pages_render_a_trial_table_and_say_what_is_missing(api):
     assert "No experiment 5" in api.get("/experiments/5").text
 
 
+def test_trials_a_server_before_tunes_names_stored_are_read_in_them(tmp_path):
+    """A state directory of an older server keeps its trials' states in the older words: migration 7
+    renames them as trial_state would derive them (a stopped trial: PENDING when the tuner was
+    interrupted, else ERROR)."""
+    import sqlite3
+
+    from trainforge.server.store.database import JobStore
+
+    path = str(tmp_path / "state.db")
+    JobStore(path).close()
+    conn = sqlite3.connect(path)
+    old = {"q": ("queued", None), "r": ("running", None), "c": ("completed", "max_t"), "p": ("pruned", "pruned"),
+           "e": ("errored", "error"), "i": ("stopped", "interrupted"), "s": ("stopped", "stopped")}  # fmt: skip
+    for trial_id, (state, kind) in old.items():
+        conn.execute("INSERT INTO trials(experiment_id, trial_id, name, config, state, reason) VALUES (1, ?, ?, '{}', ?, ?)",
+                     (trial_id, trial_id, state, json.dumps({"kind": kind}) if kind else None))  # fmt: skip
+    conn.execute("PRAGMA user_version=6")
+    conn.commit()
+    conn.close()
+    JobStore(path).close()
+    conn = sqlite3.connect(path)
+    states = dict(conn.execute("SELECT trial_id, state FROM trials").fetchall())
+    conn.close()
+    assert states == {"q": "PENDING", "r": "RUNNING", "c": "TERMINATED", "p": "TERMINATED", "e": "ERROR", "i": "PENDING",
+                      "s": "ERROR"}  # fmt: skip
+    assert {k: trial_state({"queued": None, "running": JobState.RUNNING}.get(v[0], JobState.STOPPED), v[1]).value
+            for k, v in old.items() if k not in ("e",)} == {k: v for k, v in states.items() if k != "e"}  # the one rule's
 def test_reading_an_experiment_writes_nothing_its_trials_are_written_as_their_jobs_change(api, monkeypatch):
     """Every GET of the Experiments API only reads; the trial took its report in when the job's events
     were read in (the tailer's write), and its end when its job ended."""

@@ -114,10 +114,11 @@ def test_the_cli_imports_a_local_experiment_into_the_server(tmp_path, train_serv
     assert out.returncode == 0, out.stderr
     assert "imported experiment 1 (to-import): 6 trial(s)" in out.stdout and "/experiments/1" in out.stdout
     listed = subprocess.run([*run, "--state-dir", train_server.state_dir], capture_output=True, text=True, timeout=120)
-    assert "to-import" in listed.stdout and "1 pruned" in listed.stdout and "5 completed" in listed.stdout
+    assert "to-import" in listed.stdout and "6 TERMINATED (1 pruned)" in listed.stdout  # 5 ran to their end
     client = train_server.client()
     trials = {t["config"]["x"]: t for t in client.request("GET", "/experiments/1/trials")["trials"]}
-    assert trials[1.0]["state"] == "pruned" and trials[1.0]["iterations"] == 1
+    assert trials[1.0]["state"] == "TERMINATED" and trials[1.0]["reason"]["kind"] == "pruned"
+    assert trials[1.0]["iterations"] == 1
     curves = client.request("GET", "/experiments/1/curves")["trials"]
     assert curves[trials[1.0]["trial_id"]]["i"] == [1]  # its run went on past the rung; the trial did not
     missing = subprocess.run([*run, "import", str(tmp_path / "nothing"), "--state-dir", train_server.state_dir],

@@ -79,6 +79,28 @@ def test_every_trial_is_a_job_of_the_server_and_its_results_are_what_it_reported
     spans = sorted((j.raw["started_at"], j.raw["ended_at"]) for j in jobs.values())
     assert max(sum(s <= start < e for s, e in spans) for start, _ in spans) <= 2  # packed against its 2 CPUs
     assert client.resources()["granted"] == {}
+    # Trials that ran to their end (jobs SUCCEEDED): TERMINATED in the result grid, the API and the page.
+    assert _states_in_every_view(train_server, tuner, grid) == {"TERMINATED"}
+
+
+def _states_in_every_view(train_server, tuner, grid) -> set[str]:
+    """Each trial's state as the result grid, ``GET /experiments/{id}/trials`` and the experiment's page
+    show it, asserted equal; the states seen."""
+    import httpx
+
+    client = train_server.client()
+    (experiment,) = client.request("GET", "/experiments")["experiments"]
+    api = {t["trial_id"]: t["state"] for t in client.request("GET", f"/experiments/{experiment['id']}/trials")["trials"]}
+    page = httpx.get(f"{train_server.url}/experiments/{experiment['id']}", timeout=60,
+                     headers={"Authorization": f"Bearer {train_server.token}"})  # fmt: skip
+    assert page.status_code == 200, page.text
+    trials = tuner.last_controller.trials
+    assert len(grid) == len(trials) == len(api)
+    for result, trial in zip(grid, trials, strict=True):
+        assert result.state == trial.status == api[trial.trial_id], (trial.name, result.state, api)
+        assert f'<tr id="trial-{trial.trial_id}" data-state="{trial.status}">' in page.text
+        assert f'<span class="tstate t-{trial.status}">{trial.status}</span>' in page.text
+    return {str(r.state) for r in grid}
 
 
 def test_stopped_trials_end_their_jobs_and_a_failing_trial_is_an_error(train_server, tmp_path):
@@ -95,6 +117,10 @@ def test_stopped_trials_end_their_jobs_and_a_failing_trial_is_an_error(train_ser
     expect = {t.name: "FAILED" if t.config["fail"] else "STOPPED" for t in tuner.last_controller.trials}
     assert states == expect
     assert client.resources()["granted"] == {}  # every stopped job gave its CPU back
+    # The stop criteria ended two (jobs STOPPED by the tuner): TERMINATED, as Ray shows them, in every
+    # view; the failed one is ERROR in every view.
+    assert _states_in_every_view(train_server, tuner, grid) == {"TERMINATED", "ERROR"}
+    assert sorted(r.state for r in grid) == ["ERROR", "TERMINATED", "TERMINATED"]
     assert train_server.job_processes() == []
 
 
@@ -181,7 +207,7 @@ def test_a_lost_server_is_the_trial_s_error_saying_what_to_do():
                                   scaling_config=ScalingConfig(num_workers=2))  # fmt: skip
     client = _LosingClient()
     run = ServerRun(client, trainer, name="exp/trial_1")  # type: ignore[arg-type]
-    assert client.spec["name"] == "exp/trial_1" and client.spec["workers"] == 2
+    assert client.spec["name"] == "exp/trial_1" and client.spec["num_workers"] == 2
     assert client.spec["config"] == {"lr": 0.1, "net/depth": 3}
     reports = iter(run)
     assert next(reports).metrics == {"i": 1}

@@ -119,6 +119,9 @@ def storage_retry_delay_s() -> float:
 ENV_ADDRESS = "TRAINFORGE_ADDRESS"  # the client's way to a server ("http://127.0.0.1:8270")
 ENV_STATE_DIR = "TRAINFORGE_SERVER_DIR"  # default --state-dir, where the client finds address and token
 ENV_TOKEN = "TRAINFORGE_TOKEN"
+# Where the train server's HTTP API lives: the client calls under it, the server mounts its routes there
+# (and its guard answers JSON there), its pages give it to their scripts (data-api).
+API_PREFIX = "/api/v1"
 # A server on a Ray cluster publishes its URL (and state directory) in the cluster's KV under this key.
 RAY_KV_KEY = b"trainforge_server_address"
 RAY_KV_NAMESPACE = b"trainforge"

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from trainforge._internal.amounts import fmt_metric
 from trainforge._internal.callback import Callback
 from trainforge._internal.constants import ENV_JOB_ID
 from trainforge._internal.storage import METRICS_FILE
@@ -60,7 +61,7 @@ def console_warnings(enabled: bool = True) -> Iterator[None]:
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return fmt_metric(value)
     text = repr(value) if not isinstance(value, (int, str)) else str(value)
     return text if len(text) <= 40 else text[:37] + "..."
 

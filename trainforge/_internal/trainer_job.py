@@ -9,10 +9,29 @@ import base64
 import math
 import os
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from trainforge import Result
+
+
+# A job's worker count, under Ray's name from ``ScalingConfig(num_workers=...)`` to the runner: the
+# API's ``JobSpecIn.num_workers`` (the minimum, all started at once; ``max_workers`` above it for an
+# elastic job), the key of the spec the server stores, and what its scheduling request starts with.
+NUM_WORKERS = "num_workers"
+# What servers before it stored the same number as (the API took it as "workers"): a job queued by one
+# still runs after an upgrade.
+OLDER_NUM_WORKERS_KEYS = ("min_workers",)
+
+
+def num_workers_of(spec: Mapping[str, Any]) -> int:
+    """The worker count of a job spec as the server stores it (:data:`NUM_WORKERS`, or the key an
+    older server stored it under); 1 when it names none."""
+    for key in (NUM_WORKERS, *OLDER_NUM_WORKERS_KEYS):
+        if spec.get(key) is not None:
+            return int(spec[key])
+    return 1
 
 
 def trainer_job(trainer: Any, *, name: str, cannot_send: str, fix: str, **fields: Any) -> dict[str, Any]:
@@ -36,7 +55,7 @@ def _scaling_spec(trainer: Any) -> dict[str, Any]:
     scaling = trainer.scaling_config
     spec: dict[str, Any] = {
         "kind": "trainer",
-        "workers": scaling.min_workers,
+        NUM_WORKERS: scaling.min_workers,
         "per_worker": per_worker(scaling) or {"CPU": 0.0},
         "cwd": os.getcwd(),
         "sys_path": [p for p in sys.path if p and os.path.isdir(p)],

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from trainforge._internal.constants import API_PREFIX
 from trainforge._testing.procs import describe, kill_procs, processes_with_env
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ class TrainServer(ServingProcess):
         import httpx
 
         assert self.url is not None, self.output
-        return httpx.Client(base_url=self.url + "/api/v1", headers={"Authorization": f"Bearer {self.token}"},
+        return httpx.Client(base_url=self.url + API_PREFIX, headers={"Authorization": f"Bearer {self.token}"},
                             timeout=timeout)  # fmt: skip
 
     def job_processes(self, job_id: int | None = None) -> list[psutil.Process]:

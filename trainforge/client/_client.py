@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from trainforge._internal.constants import ENV_ADDRESS, ENV_STATE_DIR, default_state_dir
+from trainforge._internal.constants import API_PREFIX, ENV_ADDRESS, ENV_STATE_DIR, default_state_dir
 from trainforge.client._discovery import discover, server_holds
 from trainforge.client._errors import (
     BadResponseError,
@@ -29,7 +29,6 @@ from trainforge.client._errors import (
 from trainforge.client._http import Transport
 from trainforge.client._job import Job, JobStatus
 
-API_PREFIX = "/api/v1"
 _RECONNECT_S = 60.0
 
 

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from trainforge._internal.run_outcome import FailureClass
 from trainforge._internal.trainer_job import fetch_result
 from trainforge.client._errors import (
     BadResponseError,
@@ -35,7 +36,7 @@ class JobStatus:
     pending: str | None  # why it waits, in words ("needs 4 CPU, 2 free", "behind job 3", "held")
     position: int | None
     exit_code: int | None
-    failure_class: str | None
+    failure_class: FailureClass | None  # whose fault, for a job that ended without success
     error: str | None
     raw: dict[str, Any]
 
@@ -48,7 +49,7 @@ class JobStatus:
             return cls(
                 id=d["id"], name=d["name"], state=JobState(d["state"]), priority=d["priority"],
                 pending=pending.get("text"), position=pending.get("position"), exit_code=d.get("exit_code"),
-                failure_class=d.get("failure_class"), error=d.get("error"), raw=d,
+                failure_class=FailureClass(d["failure_class"]) if d.get("failure_class") is not None else None, error=d.get("error"), raw=d,
             )  # fmt: skip
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BadResponseError(

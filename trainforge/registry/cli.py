@@ -25,6 +25,7 @@ import json
 import sys
 from typing import Any
 
+from trainforge._internal.amounts import fmt_metric
 from trainforge._internal.key_values import parse_key_values
 
 
@@ -165,7 +166,7 @@ def _list(reg: Any, args: Any) -> None:
 
 
 def _metrics_text(metrics: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in list(metrics.items())[:4]) or "-"
+    return " ".join(f"{k}={fmt_metric(v)}" if isinstance(v, float) else f"{k}={v}" for k, v in list(metrics.items())[:4]) or "-"
 
 
 def _versions(reg: Any, args: Any) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from trainforge._internal.amounts import fmt_metric
 from trainforge._internal.key_values import parse_key_values
 
 
@@ -99,7 +100,7 @@ def _train(args: Any) -> int:
         result = trainer.fit()
     print(f"trainforge train: {uri} trained: run {result.path}")
     metrics = {k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    print("trainforge train: metrics " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())))
+    print("trainforge train: metrics " + ", ".join(f"{k}={fmt_metric(v)}" for k, v in sorted(metrics.items())))
     if args.register is not None:
         mv = reg.register(args.register or name, result, alias=args.alias)
         alias = f" (alias {args.alias})" if args.alias else ""

@@ -13,27 +13,16 @@ from typing import Any
 # The package, then http.listen(): `from trainforge._internal.http import listen` names the module
 # http.listen to import-linter, which is not the named interface.
 from trainforge._internal import http
+from trainforge._internal.amounts import fmt_bytes, fmt_number
 from trainforge.serve._config import ServeConfig
 from trainforge.serve._engine import ServeEngine
 from trainforge.serve._source import ModelSource
 
-_WILDCARDS = ("0.0.0.0", "::", "")
-
 
 def allowed_hosts(config: ServeConfig) -> set[str]:
-    """Host header names this server answers to (see ServeConfig)."""
-    hosts = {"127.0.0.1", "localhost", "::1", config.host.lower(), *(h.lower() for h in config.allowed_hosts)}
-    if config.host in _WILDCARDS:
-        names = {socket.gethostname(), socket.getfqdn()}
-        hosts |= {n.lower() for n in names if n}
-        try:
-            import psutil
-
-            for addrs in psutil.net_if_addrs().values():
-                hosts |= {a.address.split("%", 1)[0].lower() for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6)}
-        except ImportError:
-            pass
-    return hosts
+    """Host header names this server answers to (see ServeConfig): the rule of every trainforge
+    server (:func:`trainforge._internal.http.allowed_hosts`), with ``config.allowed_hosts``."""
+    return set(http.allowed_hosts(config.host, config.allowed_hosts))
 
 
 class ModelServer:
@@ -72,7 +61,7 @@ class ModelServer:
                        max_body_bytes=self.config.max_body_bytes, on_ready=on_ready)  # fmt: skip
         port = sock.getsockname()[1]
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
-        if self.config.host in _WILDCARDS:
+        if self.config.host in http.WILDCARDS:
             host = "127.0.0.1"
         self.url = f"http://{host}:{port}"
         return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False,
@@ -109,7 +98,7 @@ class ModelServer:
         self._thread.start()
         if not self._ready.wait(timeout):
             self.stop()
-            raise TimeoutError(f"the model server did not start within {timeout:g} s (still loading the model?)")
+            raise TimeoutError(f"the model server did not start within {fmt_number(timeout)} s (still loading the model?)")
         if self._error is not None or not self._thread.is_alive():
             error = self._error
             self.stop()
@@ -174,7 +163,7 @@ def serve(config: ServeConfig | str, *, announce: Callable[[str], None] = print,
     source = server.engine.source
     announce(f"trainforge serve: resolving {source.describe()}")
     info = source.resolve()
-    size = f", {info.size / 2**20:.1f} MiB" if info.size else ""
+    size = f", {fmt_bytes(info.size)}" if info.size else ""
     announce(f"trainforge serve: loading {info.uri}{size}")
     done = threading.Event()
     t0 = time.perf_counter()

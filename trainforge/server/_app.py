@@ -30,6 +30,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import trainforge
+from trainforge._internal.constants import API_PREFIX
 from trainforge._internal.http import DEFAULT_MAX_BODY, Guard, GuardPolicy
 from trainforge._internal.json_depth import too_deep_detail
 from trainforge.server._models import Models
@@ -50,7 +51,7 @@ from trainforge.server.routes import (
     serve,
     team,
 )
-from trainforge.server.routes.common import API_PREFIX, ApiState
+from trainforge.server.routes.common import ApiState
 from trainforge.server.team.audit import AuditMiddleware
 from trainforge.server.team.users import authenticator
 

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import os
 
+from trainforge._internal.amounts import size_text
 from trainforge._internal.constants import (  # noqa: F401 - where clients find a server, named here too
     ENV_ADDRESS,
     ENV_STATE_DIR,
@@ -14,7 +15,7 @@ from trainforge._internal.constants import (  # noqa: F401 - where clients find 
     RAY_KV_NAMESPACE,
     default_state_dir,
 )
-from trainforge._internal.http import DEFAULT_MAX_BODY, is_loopback, size_text
+from trainforge._internal.http import DEFAULT_MAX_BODY, is_loopback
 from trainforge._internal.key_values import parse_amount
 from trainforge.server.isolation.config import IsolationConfig
 from trainforge.server.scheduling.team_policy import TeamPolicy

@@ -1,9 +1,6 @@
-"""How the train server's CLI and dashboard show values to people, one rule each, used by both:
+"""How the train server's CLI and dashboard show values to people, one rule each, used by both
+(numbers, bytes and resources: :mod:`trainforge._internal.amounts`, every server's one formatter):
 
-- :func:`fmt_bytes`: an amount of bytes in binary units (``21.5 GiB``), which ``--capacity
-  memory=21.5GiB`` reads back (``static/units.js`` is its copy for the pages' scripts; a browser test
-  checks that the two agree);
-- :func:`fmt_resources`: resources by kind (``2 CPU, 1 GPU, 21.5 GiB memory``);
 - :func:`cut_middle` and :func:`column_width`: a name in a table column, whole where it fits, else cut
   in the middle (Tune's trials differ at their ends: ``asha-demo/objective_ab01_00049``);
 - :func:`ordered_metrics`: a job's or a model's metrics, the ones people look for first (validation,
@@ -12,36 +9,10 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-BYTE_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
 ELLIPSIS = "..."  # ASCII: a terminal or pipe in any locale can show it
-
-
-def fmt_bytes(n: float) -> str:
-    """``n`` bytes for people: ``512 B``, ``10.2 KiB``, ``21.5 GiB`` (one decimal from KiB on)."""
-    # Rounded half up by arithmetic that JavaScript does alike (its toFixed and Python's format
-    # break ties differently), so the pages' copy prints the same text.
-    if math.floor(n + 0.5) < 1024:
-        return f"{math.floor(n + 0.5)} B"
-    value, i = float(n) / 1024, 0
-    while math.floor(value * 10 + 0.5) / 10 >= 1024 and i < len(BYTE_UNITS) - 1:
-        value, i = value / 1024, i + 1
-    return f"{math.floor(value * 10 + 0.5) / 10:.1f} {BYTE_UNITS[i]}"
-
-
-def fmt_amount(kind: str, value: float) -> str:
-    """One resource's amount: bytes for ``memory``, else the number (``2``, ``0.5``)."""
-    return fmt_bytes(value) if kind == "memory" else f"{value:g}"
-
-
-def fmt_resources(amounts: Mapping[str, float] | None, empty: str = "") -> str:
-    """``{"CPU": 2, "memory": 2.3e10}`` -> ``2 CPU, 21.4 GiB memory`` (by kind); ``empty`` for none."""
-    if not amounts:
-        return empty
-    return ", ".join(f"{fmt_amount(k, v)} {k}" for k, v in sorted(amounts.items()))
 
 
 def cut_middle(text: str, width: int) -> str:

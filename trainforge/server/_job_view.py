@@ -8,6 +8,7 @@ import sys
 import threading
 from typing import Any
 
+from trainforge._internal.trainer_job import NUM_WORKERS
 from trainforge.client import Job, JobState, JobStatus, ServerError, ServerNotFoundError
 
 
@@ -58,7 +59,7 @@ class _JobView:
         self.view = LiveView(1, f"job {job.id} ({status.name})", out=out)
         self.view.closing_lines = False  # the runner's own closing lines come with the output
         self.view.on_run_start(status.raw.get("run_path") or "", status.raw.get("workers") or
-                               (status.raw.get("request") or {}).get("workers") or "?")  # fmt: skip
+                               (status.raw.get("request") or {}).get(NUM_WORKERS) or "?")  # fmt: skip
         self._set(status)
         self.done = threading.Event()
         self.threads = {

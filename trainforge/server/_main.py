@@ -31,6 +31,7 @@ from typing import IO, Any
 # The package, then http.listen(): `from trainforge._internal.http import listen` would name the module
 # http.listen to import-linter, which is not the named interface.
 from trainforge._internal import http
+from trainforge._internal.amounts import fmt_resources
 from trainforge._internal.constants import SERVER_LOCK_FILE
 from trainforge._internal.state_files import DIR_MODE, open_append, read_text, write_atomic
 from trainforge.server._config import (
@@ -41,7 +42,6 @@ from trainforge.server._config import (
     effective_capacity,
     machine_capacity,
 )
-from trainforge.server._display import fmt_resources
 
 ADDRESS_FILE = "address"
 TOKEN_FILE = "token"
@@ -259,7 +259,7 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
     )
     write_atomic(os.path.join(config.state_dir, ADDRESS_FILE), url)
     ray_entry = _publish_on_ray(url, config.state_dir) if ray_total is not None else None
-    allowed = {"127.0.0.1", "localhost", "::1", config.host.lower()}
+    allowed = set(http.allowed_hosts(config.host))  # the rule of every trainforge server (trainforge serve's too)
     guard, _ = make_app(service, token=token, allowed_hosts=allowed, registry=config.registry, tls=config.tls,
                         scrape_token=scrape_token, max_body=config.max_body)  # fmt: skip
     kinds = fmt_resources(capacity, "nothing")

@@ -11,6 +11,7 @@ from fastapi import Path
 from fastapi.exceptions import RequestValidationError
 from pydantic import (
     AfterValidator,
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -24,6 +25,8 @@ from pydantic import (
 
 from trainforge._internal.http import json_safe
 from trainforge._internal.json_depth import shallow
+from trainforge._internal.run_outcome import FailureClass
+from trainforge._internal.trainer_job import NUM_WORKERS, num_workers_of
 from trainforge.client import JobEvent, JobState
 from trainforge.registry import NAME_PATTERN
 from trainforge.server.scheduling.decision import Pending
@@ -73,8 +76,9 @@ class JobSpecIn(BaseModel):
     """A job to queue. ``kind``: ``trainer`` (``trainer_b64``: the cloudpickled trainer, as
     ``trainer.submit()`` sends it), ``script`` (``path`` run as ``__main__`` with ``args``) or
     ``function`` (``target`` ``"pkg.module:function"`` returning a trainer). The request is
-    ``workers`` (the minimum, all started at once) up to ``max_workers``, ``per_worker`` resources
-    each, plus the job's ``driver``."""
+    ``num_workers`` (the minimum, all started at once; Ray's name, ``ScalingConfig(num_workers=...)``;
+    ``workers``, as older clients send it, is read as the same) up to ``max_workers``, ``per_worker``
+    resources each, plus the job's ``driver``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -92,7 +96,7 @@ class JobSpecIn(BaseModel):
             "server with users they are writable in the job's sandbox, as far as its user may write them"))
     env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
               Annotated[str, Field(max_length=65536)]] = Field(default_factory=dict)  # fmt: skip
-    workers: int = Field(default=1, ge=1, le=100_000)
+    num_workers: int = Field(default=1, ge=1, le=100_000, validation_alias=AliasChoices(NUM_WORKERS, "workers"))
     max_workers: int | None = Field(default=None, ge=1, le=100_000)
     per_worker: dict[KindName, Amount] = Field(default_factory=lambda: {"CPU": 1.0})
     driver: dict[KindName, Amount] = Field(default_factory=dict)
@@ -113,8 +117,8 @@ class JobSpecIn(BaseModel):
         need = {"trainer": "trainer_b64", "script": "path", "function": "target"}[self.kind]
         if getattr(self, need) is None:
             raise ValueError(f"kind={self.kind!r} needs the field {need!r}")
-        if self.max_workers is not None and self.max_workers < self.workers:
-            raise ValueError(f"max_workers={self.max_workers} is less than workers={self.workers}")
+        if self.max_workers is not None and self.max_workers < self.num_workers:
+            raise ValueError(f"max_workers={self.max_workers} is less than num_workers={self.num_workers}")
         return self
 
     @field_validator("path", "cwd")
@@ -162,7 +166,8 @@ class JobOut(BaseModel):
     pid: int | None
     run_path: str | None
     exit_code: int | None
-    failure_class: str | None
+    failure_class: FailureClass | None = Field(description=(
+        "why it ended without success: user_error (its code or spec), infra (the server's side), stopped, lost"))
     error: str | None
     reports: int
     last_metrics: dict[str, Any] | None
@@ -435,7 +440,7 @@ def job_out(job: JobRow, pending: Pending | None) -> JobOut:
     """A job as the API answers it (``pending``: why it waits, for a waiting job)."""
     spec = job.spec
     request = {
-        "workers": spec.get("min_workers", 1),
+        NUM_WORKERS: num_workers_of(spec),
         "max_workers": spec.get("max_workers"),
         "per_worker": spec.get("per_worker", {}),
         "driver": spec.get("driver", {}),
@@ -445,7 +450,8 @@ def job_out(job: JobRow, pending: Pending | None) -> JobOut:
         pending=pending_out(pending) if job.state.waiting else None,
         submitted_at=job.submitted_at, started_at=job.started_at, ended_at=job.ended_at, attempt=job.attempt,
         max_retries=job.max_retries, request=request, grant=job.grant, workers=job.workers, gpu_ids=job.gpu_ids,
-        pid=job.pid, run_path=job.run_path, exit_code=job.exit_code, failure_class=job.failure_class,
+        pid=job.pid, run_path=job.run_path, exit_code=job.exit_code,
+        failure_class=FailureClass(job.failure_class) if job.failure_class else None,
         error=job.error, reports=job.reports, last_metrics=json_safe(job.last_metrics),
         config=json_safe(spec.get("config") or {}), owner=job.owner, preemptible=job.preemptible,
         preemptions=job.preemptions,

@@ -23,8 +23,9 @@ import cloudpickle
 from trainforge import Checkpoint
 from trainforge import RunConfig as TrainRunConfig
 from trainforge._internal.metric_path import lookup
+from trainforge.client import JobState, TrialDecision, TrialState, trial_state
 from trainforge.tune._context import TUNE_KEY
-from trainforge.tune._experiment import ERROR, PENDING, RUNNING, TERMINATED, ExperimentStore, Trial
+from trainforge.tune._experiment import ERROR, PENDING, RUNNING, ExperimentStore, Trial
 from trainforge.tune._experiment_info import experiment_info, experiment_tag
 from trainforge.tune._server import ServerRun
 from trainforge.tune._trainable import is_trainer, make_trial_trainer, trial_resources
@@ -242,7 +243,7 @@ class TuneController:
             trial.checkpoint = report.checkpoint.path
             self.scheduler.on_trial_checkpoint(trial.trial_id)
         if self.metric is not None and lookup(result, self.metric) is None:
-            self._stop(trial, decision={"kind": "error"}, error=ValueError(
+            self._stop(trial, decision={"kind": TrialDecision.ERROR}, error=ValueError(
                 f"trial {trial.name} reported {sorted(report.metrics)} without the metric {self.metric!r} "
                 f"that TuneConfig(metric=...) (or the searcher/scheduler) names: report it in every result, "
                 "or fix the name"))  # fmt: skip
@@ -255,15 +256,15 @@ class TuneController:
             source = next((t for t in self.trials if t.trial_id == decision.source_trial_id), None)
             if source is not None and source.checkpoint:
                 trial.exploit = (source.checkpoint, decision.config)
-                self._stop(trial, reason="exploit", decision={"kind": "exploit", "rule": rule,
+                self._stop(trial, reason="exploit", decision={"kind": TrialDecision.EXPLOIT, "rule": rule,
                                                               "source_trial": decision.source_trial_id})  # fmt: skip
         elif decision == TrialScheduler.STOP:
-            why = {"kind": "pruned", "rule": rule, **self.scheduler.explain(trial.trial_id)}
-            if why["kind"] == "pruned":  # not a trial that used up its max_t: that one completed
+            why = {"kind": TrialDecision.PRUNED, "rule": rule, **self.scheduler.explain(trial.trial_id)}
+            if why["kind"] == TrialDecision.PRUNED:  # not a trial that used up its max_t: that one completed
                 trial.last_result = {**result, PRUNED_RESULT_KEY: True}
             self._stop(trial, reason="scheduler", decision=why)
         elif stop:
-            self._stop(trial, reason="stop criteria", decision={"kind": "stopper"})
+            self._stop(trial, reason="stop criteria", decision={"kind": TrialDecision.STOPPER})
 
     def _stop(self, trial: Trial, *, reason: str = "", decision: dict[str, Any] | None = None,
               error: BaseException | None = None) -> None:  # fmt: skip
@@ -289,7 +290,8 @@ class TuneController:
 
     def _stop_everything(self, reason: str) -> None:
         self.stop_all = True
-        kind = {"time budget": "budget", "stop criteria": "stopper", INTERRUPTED: "interrupted"}.get(reason, "budget")
+        kind = {"time budget": TrialDecision.BUDGET, "stop criteria": TrialDecision.STOPPER,
+                INTERRUPTED: TrialDecision.INTERRUPTED}.get(reason, TrialDecision.BUDGET)  # fmt: skip
         for trial in self._running():
             if not trial.stopping:
                 self._stop(trial, reason=reason, decision={"kind": kind})
@@ -302,24 +304,32 @@ class TuneController:
         error: BaseException | None = exc if exc is not None else getattr(result, "error", None)
         if result is not None and result.checkpoint is not None:
             trial.checkpoint = result.checkpoint.path
-        if trial.error is not None:  # the tuner stopped it with an error (e.g. a missing metric)
-            self._finish(trial, ERROR)
-        elif error is not None:
+        if error is not None and trial.error is None:
             trial.error = _error_text(error)
-            self._finish(trial, ERROR)
-        elif trial.exploit is not None and not self.stop_all:
+        state = trial_state(_run_end(trial, error), self._decision(trial))  # the one rule of every view
+        if state == PENDING and trial.exploit is not None:
             checkpoint, config = trial.exploit
             trial.config = config
             trial.resume_from = checkpoint
             trial.run_index += 1
             trial.status = PENDING  # continues from the better trial's checkpoint, same id
-        elif trial.stop_reason == INTERRUPTED:
+        elif state == PENDING:
             trial.status = PENDING  # Ctrl-C: not finished; the next run of the experiment resumes it
         else:
-            self._finish(trial, TERMINATED)
+            self._finish(trial, state)
         self.save()
 
-    def _finish(self, trial: Trial, status: str) -> None:
+    def _decision(self, trial: Trial) -> str | None:
+        """The kind of the tuner's decision that stopped the trial's run (None: it took none). An
+        exploit after the tuner began stopping everything ends the trial instead (as the budget does)."""
+        if not trial.stopping or not trial.decisions:
+            return None
+        kind = trial.decisions[-1].get("kind")
+        if kind == TrialDecision.EXPLOIT and self.stop_all:
+            return TrialDecision.BUDGET
+        return kind if kind in {d.value for d in TrialDecision} else TrialDecision.PRUNED  # a scheduler's own kind
+
+    def _finish(self, trial: Trial, status: TrialState) -> None:
         trial.status = status
         if trial.last_result is not None:
             trial.last_result = {**trial.last_result, "done": True}
@@ -369,6 +379,14 @@ def load_trials(state: dict[str, Any]) -> list[Trial]:
         config = cloudpickle.loads(base64.b64decode(d.pop("config_pickle")))
         out.append(Trial.from_json(d, config))
     return out
+
+
+def _run_end(trial: Trial, error: BaseException | None) -> JobState:
+    """How the trial's run ended, as a job's end (what :func:`~trainforge.client.trial_state` takes):
+    failed, stopped by the tuner, or ran to its end."""
+    if error is not None:
+        return JobState.FAILED
+    return JobState.STOPPED if trial.stopping else JobState.SUCCEEDED
 
 
 def _error_text(exc: BaseException) -> str:

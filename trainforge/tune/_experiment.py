@@ -14,11 +14,14 @@ from typing import Any
 import fsspec
 
 from trainforge._internal.state_files import create, data_modes, make_dirs
+from trainforge.client import TrialState
 
 STATE_FILE = "experiment_state.json"
 TUNER_FILE = "tuner.pkl"
 
-PENDING, RUNNING, TERMINATED, ERROR = "PENDING", "RUNNING", "TERMINATED", "ERROR"
+# A trial's status: Ray Tune's names, the one vocabulary of the tuner and the train server's views
+# (trainforge.client.TrialState, derived by trial_state).
+PENDING, RUNNING, TERMINATED, ERROR = TrialState.PENDING, TrialState.RUNNING, TrialState.TERMINATED, TrialState.ERROR
 
 
 @dataclass
@@ -29,7 +32,7 @@ class Trial:
     config: dict[str, Any]
     name: str
     dirname: str
-    status: str = PENDING
+    status: TrialState = PENDING
     last_result: dict[str, Any] | None = None
     error: str | None = None
     checkpoint: str | None = None  # the latest committed checkpoint's path
@@ -57,7 +60,7 @@ class Trial:
 
     @classmethod
     def from_json(cls, d: dict[str, Any], config: dict[str, Any]) -> Trial:
-        return cls(**{**d, "config": config})
+        return cls(**{**d, "config": config, "status": TrialState(d.get("status", PENDING))})
 
 
 def _jsonable(value: Any) -> Any:

@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 from trainforge._internal.trainer_job import flat_config
+from trainforge.client import TrialState
 from trainforge.tune._experiment import ExperimentStore
 from trainforge.tune._sample import Categorical, Domain, Float, Integer, Normal
 from trainforge.tune._trainable import is_trainer
@@ -115,7 +116,7 @@ def _decisions(trial: dict[str, Any]) -> list[dict[str, Any]]:
     it = last.get("training_iteration")
     kind = "pruned" if trial.get("stop_reason") == "scheduler" and last.get("pruned") else _STOP_REASONS.get(
         str(trial.get("stop_reason")))  # fmt: skip
-    if kind is None or trial.get("status") not in ("TERMINATED",):
+    if kind is None or trial.get("status") != TrialState.TERMINATED:
         return []
     return [{"kind": kind, **({"iteration": int(it)} if isinstance(it, (int, float)) else {})}]
 
@@ -165,7 +166,7 @@ def read_experiment(path: str, storage_filesystem: Any = None) -> dict[str, Any]
         started = timestamp - total if isinstance(timestamp, (int, float)) and isinstance(total, (int, float)) else None
         trials.append({
             "trial_id": t["trial_id"], "name": t.get("name") or t["trial_id"], "config": flat_config(config),
-            "status": t.get("status", "TERMINATED"), "error": t.get("error"), "pruned": bool(last.get("pruned")),
+            "status": t.get("status", TrialState.TERMINATED), "error": t.get("error"), "pruned": bool(last.get("pruned")),
             "stop_reason": t.get("stop_reason"), "metrics": {k: v for k, v in flat_config(last).items() if _scalar(v)},
             "history": _history(store, t), "decisions": _decisions(t), "checkpoint": t.get("checkpoint"),
             "started_at": started, "ended_at": timestamp if started is not None else None,

@@ -7,6 +7,7 @@ import sys
 import time
 from typing import Any
 
+from trainforge._internal.amounts import fmt_metric
 from trainforge.tune._variants import flatten_config
 
 REFRESH_S = 0.5
@@ -16,7 +17,7 @@ _BOOKKEEPING = {"training_iteration", "time_total_s", "timestamp", "done", "tria
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return fmt_metric(v)
     text = str(v)
     return text if len(text) <= 24 else text[:21] + "..."
 

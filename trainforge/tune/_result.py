@@ -8,6 +8,7 @@ from typing import Any
 
 from trainforge import Result as TrainResult
 from trainforge._internal.metric_path import lookup
+from trainforge.client import TrialState
 from trainforge.tune._variants import flatten_config
 
 
@@ -15,10 +16,13 @@ from trainforge.tune._variants import flatten_config
 class Result(TrainResult):
     """A trial's outcome: train's :class:`trainforge.Result` (``metrics``, ``metrics_dataframe``,
     ``checkpoint``, ``best_checkpoints``, ``path``, ``error``) plus ``config``, the trial's
-    configuration as it ended (after PBT's explore steps). ``metrics`` carry the tuner's keys too:
+    configuration as it ended (after PBT's explore steps), and ``state``, the trial's
+    :class:`~trainforge.client.TrialState` (Ray Tune's names: ``TERMINATED``, ``ERROR``, ...; the
+    train server's Experiments API and pages show the same). ``metrics`` carry the tuner's keys too:
     ``training_iteration``, ``trial_id``, ``time_total_s``, ``done``."""
 
     config: dict[str, Any] = field(default_factory=dict)
+    state: TrialState | None = None
 
 
 def _value(metrics: dict[str, Any] | None, metric: str) -> float | None:

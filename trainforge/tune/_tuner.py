@@ -225,7 +225,7 @@ def _result(store: ExperimentStore, trial: Trial) -> Result:
         error = TrialError(f"trial {trial.name} ({trial.trial_id}) failed:\n{trial.error}")
     return Result(metrics=trial.last_result or (history[-1] if history else None), checkpoint=checkpoint,
                   error=error, path=path, best_checkpoints=best, metrics_history=history,
-                  config=trial.config)  # fmt: skip
+                  config=trial.config, state=trial.status)  # fmt: skip
 
 
 def _capacity(server: Client | None = None) -> dict[str, float]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from trainforge.client import TrialState
+
 
 def add_commands(sub: Any) -> None:
     experiments = sub.add_parser("experiments", help="Tune experiments on the train server's dashboard")
@@ -50,7 +52,8 @@ def _list(args: Any) -> int:
     print(f"{'ID':>4}  {'NAME':<30} {'TRIALS':>6}  {'BEST':>12}  STATES")
     for e in experiments:
         best = f"{e['best']['value']:.6g}" if e.get("best") else "-"
-        states = ", ".join(f"{n} {s}" for s, n in sorted(e["counts"].items()))
+        states = ", ".join(f"{e['counts'][s]} {s}" + (f" ({e['pruned']} pruned)" if s == TrialState.TERMINATED and
+                           e.get("pruned") else "") for s in TrialState if e["counts"].get(s))  # fmt: skip
         print(f"{e['id']:>4}  {e['name'][:30]:<30} {e['trials']:>6}  {best:>12}  {states}")
     return 0
 

@@ -41,15 +41,17 @@ import hmac
 import ipaddress
 import json
 import logging
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl
 
+from trainforge._internal.amounts import size_text
 from trainforge._internal.http.entry import PAGE_CSP, Entry
 
 logger = logging.getLogger(__name__)
 
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # change nothing: every server's one rule (its guard, roles, audit)
 DEFAULT_MAX_BODY = 64 * 2**20  # bytes: a job's code and config fit many times over; data goes by reference
 _SAME_SITE_FETCH = frozenset({"same-origin", "none"})
 
@@ -62,6 +64,28 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+
+
+def allowed_hosts(bind_host: str, extra: Iterable[str] = ()) -> frozenset[str]:
+    """The names a server bound on ``bind_host`` answers to in a ``Host`` header (its
+    ``GuardPolicy.allowed_hosts``), one rule for every trainforge server: the loopback names, the
+    bound host, the ``extra`` names its operator gives (a name in front of it), and, bound on every
+    interface (``0.0.0.0``, ``::``), this machine's names and addresses. Lower case."""
+    hosts = {*LOOPBACK_NAMES, bind_host.lower(), *(h.lower() for h in extra)}
+    if bind_host in WILDCARDS:
+        hosts |= {n.lower() for n in (socket.gethostname(), socket.getfqdn()) if n}
+        try:
+            import psutil
+
+            for addrs in psutil.net_if_addrs().values():
+                hosts |= {a.address.split("%", 1)[0].lower() for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6)}
+        except ImportError:
+            pass
+    return frozenset(hosts)
 
 
 def host_name(hostport: str) -> str:
@@ -97,14 +121,6 @@ async def deny(send: Any, status: int, detail: str) -> None:
 def is_json_type(content_type: str) -> bool:
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
-
-
-def size_text(size: int) -> str:
-    """``67108864`` -> ``"64 MiB (67108864 bytes)"``; sizes that are no whole KiB, MiB or GiB in bytes."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale and size % scale == 0:
-            return f"{size // scale} {unit} ({size} bytes)"
-    return f"{size} bytes"
 
 
 def _too_large(method: str, path: str, limit: int, size: int | None) -> str:

@@ -21,12 +21,14 @@ import sys
 import time
 from typing import Any
 
+from trainforge._internal.amounts import fmt_number, fmt_resources
 from trainforge._internal.http import DEFAULT_MAX_BODY
 from trainforge._internal.key_values import parse_key_values, size_arg
 from trainforge._internal.resources import MIN_CPU_PER_WORKER
+from trainforge._internal.trainer_job import NUM_WORKERS
 from trainforge.client import ACTIVE_STATES, JobState
 from trainforge.server._config import DEFAULT_PORT, ServerConfig, default_state_dir, parse_resources
-from trainforge.server._display import fmt_resources, ordered_metrics
+from trainforge.server._display import ordered_metrics
 from trainforge.server.cli.listing import (
     client,
     jobs_command,
@@ -86,7 +88,7 @@ def add_commands(sub: Any) -> None:
     submit.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script or function")
     submit.add_argument("--workers", default="1", help="workers (N, or MIN-MAX for an elastic job); default 1")
     submit.add_argument("--cpus", type=float, default=1.0,
-                        help=f"CPUs per worker (default 1; each worker counts at least {MIN_CPU_PER_WORKER:g})")
+                        help=f"CPUs per worker (default 1; each worker counts at least {fmt_number(MIN_CPU_PER_WORKER)})")
     submit.add_argument("--gpus", type=float, default=0.0, help="GPUs per worker (default 0)")
     submit.add_argument("--memory", help="memory per worker, e.g. 4G (admission only)")
     submit.add_argument("--resources", type=parse_resources, help="other resources per worker, e.g. TPU=1")
@@ -311,8 +313,8 @@ def _submit(args: Any) -> int:
     target = args.target
     for flag, amount in (("--cpus", args.cpus), ("--gpus", args.gpus)):
         if not (math.isfinite(amount) and amount >= 0):
-            raise SystemExit(f"trainforge submit: {flag} {amount:g}: give a finite number >= 0 per worker (e.g. 0.5; "
-                             f"each worker counts at least {MIN_CPU_PER_WORKER:g} CPU)")  # fmt: skip
+            raise SystemExit(f"trainforge submit: {flag} {fmt_number(amount)}: give a finite number >= 0 per worker (e.g. 0.5; "
+                             f"each worker counts at least {fmt_number(MIN_CPU_PER_WORKER)} CPU)")  # fmt: skip
     per_worker: dict[str, float] = {"CPU": args.cpus}
     if args.gpus:
         per_worker["GPU"] = args.gpus
@@ -334,7 +336,7 @@ def _submit(args: Any) -> int:
         if isinstance(value, (dict, list)):
             raise SystemExit(f"trainforge submit: --config {key}={json.dumps(value)}: give one number, true/false or text")
     spec: dict[str, Any] = {
-        "workers": low, "per_worker": per_worker, "priority": args.priority, "hold": args.hold,
+        NUM_WORKERS: low, "per_worker": per_worker, "priority": args.priority, "hold": args.hold,
         "max_retries": args.max_retries, "env": env, "cwd": os.getcwd(), "args": list(args.args),
         "sys_path": [os.getcwd()], "config": config, "preemptible": args.preemptible,
     }  # fmt: skip
@@ -383,7 +385,7 @@ def _status(args: Any) -> int:
     r = job.raw
     print(job.describe())
     req = r["request"]
-    workers = f"{req['workers']}" + (f"-{req['max_workers']}" if req.get("max_workers") else "")
+    workers = f"{req[NUM_WORKERS]}" + (f"-{req['max_workers']}" if req.get("max_workers") else "")
     print(f"  request: {workers} worker(s) x {_fmt_resources(req['per_worker'])}; priority {job.priority}")
     if r.get("grant"):
         print(f"  grant:   {_fmt_resources(r['grant'])} ({r['workers']} workers)"

@@ -9,7 +9,9 @@ import sys
 import time
 from typing import Any
 
-from trainforge.server._display import column_width, cut_middle, fmt_resources
+from trainforge._internal.amounts import fmt_resources
+from trainforge._internal.trainer_job import NUM_WORKERS
+from trainforge.server._display import column_width, cut_middle
 
 
 def client(args: Any) -> Any:
@@ -76,7 +78,7 @@ def jobs_command(args: Any) -> int:
         print(f"{'ID':>5}  {'STATE':<10} {'PRIO':>4}  {'WORKERS':>7}  {'SUBMITTED':>9}  {'OWNER':<12} "
               f"{'NAME':<{width}} REASON / ERROR")  # fmt: skip
         for j in jobs:
-            workers = j.raw.get("workers") or j.raw["request"]["workers"]
+            workers = j.raw.get("workers") or j.raw["request"][NUM_WORKERS]
             note = j.pending or j.error or ""
             print(f"{j.id:>5}  {j.state:<10} {j.priority:>4}  {workers:>7}  {_ago(j.raw['submitted_at']):>9}  "
                   f"{j.raw.get('owner', '')[:12]:<12} {name(j.name)} {note}".rstrip())  # fmt: skip
@@ -143,7 +145,7 @@ def _no_rank_log(job: Any, rank: int) -> str:
     if not run_path:
         why = "it ran no fit() (each rank logs into its run's directory)" if status.ended else "no run of it has started yet"
         return f"job {job.id} ({status.state}) has no rank logs: {why}; {whole}"
-    workers = status.raw.get("workers") or (status.raw.get("request") or {}).get("workers") or 1
+    workers = status.raw.get("workers") or (status.raw.get("request") or {}).get(NUM_WORKERS) or 1
     logged = []
     for r in range(min(max(int(workers), rank + 1), 256)):
         chunk = job.client.request("GET", f"/jobs/{job.id}/logs", params={"rank": r, "tail": 0})

@@ -21,6 +21,7 @@ import sys
 import time
 from typing import Any
 
+from trainforge._internal.amounts import fmt_number
 from trainforge.server._config import default_state_dir, parse_resources
 from trainforge.server.isolation.config import MODES, PIDS_MAX, UID_BASE, IsolationConfig
 from trainforge.server.scheduling.policies import DEFAULT_POLICIES, REGISTRY
@@ -235,7 +236,7 @@ def _users_with(target: Any, args: Any) -> int:
         print(f"{'NAME':<20} {'ROLE':<7} {'SHARES':>6}  QUOTA")
         print(f"{'admin':<20} {'admin':<7} {1:>6g}  -   (built in: the state directory's token)")
         for u in users:
-            quota = ",".join(f"{k}={v:g}" for k, v in (u["quota"] or {}).items()) or "-"
+            quota = ",".join(f"{k}={fmt_number(v)}" for k, v in (u["quota"] or {}).items()) or "-"
             print(f"{u['name']:<20} {u['role']:<7} {u['shares']:>6g}  {quota}")
         return 0
     if verb == "add":
@@ -252,8 +253,8 @@ def _users_with(target: Any, args: Any) -> int:
         body = {"role": args.role, "shares": args.shares, "quota": {} if args.no_quota else args.quota,
                 "os_user": "" if args.no_os_user else args.os_user}
         user = target.request("PATCH", f"/users/{args.name}", json={k: v for k, v in body.items() if v is not None})
-        quota = ",".join(f"{k}={v:g}" for k, v in (user["quota"] or {}).items()) or "none"
-        print(f"{user['name']}: {user['role']}, shares {user['shares']:g}, quota {quota}")
+        quota = ",".join(f"{k}={fmt_number(v)}" for k, v in (user["quota"] or {}).items()) or "none"
+        print(f"{user['name']}: {user['role']}, shares {fmt_number(user['shares'])}, quota {quota}")
         return 0
     gone = target.request("DELETE", f"/users/{args.name}")
     print(f"removed {args.name}: their token no longer works; their {gone['jobs']} job(s) stay, owned by "
@@ -296,7 +297,7 @@ def _whoami(args: Any) -> int:
     from trainforge.client import Client
 
     me = Client(args.address, state_dir=args.state_dir).request("GET", "/whoami")
-    quota = ",".join(f"{k}={v:g}" for k, v in (me.get("quota") or {}).items()) or "none"
-    holds = ",".join(f"{k}={v:g}" for k, v in (me.get("holds") or {}).items()) or "nothing"
+    quota = ",".join(f"{k}={fmt_number(v)}" for k, v in (me.get("quota") or {}).items()) or "none"
+    holds = ",".join(f"{k}={fmt_number(v)}" for k, v in (me.get("holds") or {}).items()) or "nothing"
     print(f"{me['name']} ({me['role']}); quota {quota}; your running jobs hold {holds}")
     return 0

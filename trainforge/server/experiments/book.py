@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainforge._internal.metric_path import lookup
-from trainforge.client import JobEvent, JobState
+from trainforge.client import JobEvent, JobState, TrialDecision, TrialState, trial_state
 from trainforge.server.experiments.importance import ImportanceCache, warm_up
 from trainforge.server.experiments.schemas import DecisionIn, DecisionOut, ExperimentImportIn, ImportTrialIn
 from trainforge.server.experiments.trial_stats import CurveCache, Stats, number
@@ -44,12 +44,6 @@ if TYPE_CHECKING:
     from trainforge.server.jobs.service import JobService
     from trainforge.server.store.database import JobsChanged, JobStore
     from trainforge.server.store.experiments import ExperimentWrites, Row
-
-# How each kind of decision (or end) ends a trial whose job has ended.
-ENDS_AS = {"pruned": "pruned", "max_t": "completed", "stopper": "completed", "budget": "completed",
-           "exploit": "queued", "interrupted": "stopped", "error": "errored"}  # fmt: skip
-ACTIVE = ("queued", "running")
-
 
 class ExperimentNotFound(LookupError):
     """No such experiment (HTTP 404)."""
@@ -64,22 +58,9 @@ class ExperimentOwned(RuntimeError):
     """An import of a directory another user imported (HTTP 409, naming them)."""
 
 
-def trial_state(job_state: str | None, reason: dict[str, Any] | None) -> str:
-    """A trial's state from its latest job's state and why it ended (a decision of the tuner)."""
-    kind = (reason or {}).get("kind")
-    if kind == "error" or job_state == JobState.FAILED:
-        return "errored"
-    if job_state in (JobState.QUEUED, JobState.HELD, JobState.LOST) or job_state is None:
-        return "queued"
-    if job_state in (JobState.STARTING, JobState.RUNNING, JobState.STOPPING):
-        return "running"
-    if job_state == JobState.SUCCEEDED and kind not in ("pruned", "exploit", "interrupted"):
-        return "completed"
-    return ENDS_AS.get(str(kind), "stopped")
-
-
 def ended_reason(job_state: str, error: str | None) -> dict[str, Any] | None:
-    """Why a trial ended when the tuner said nothing: its job's end."""
+    """Why a trial ended when the tuner said nothing: its job's end (its ``kind``: completed, failed
+    or stopped; a decision's kind otherwise, :class:`~trainforge.client.TrialDecision`)."""
     if job_state == JobState.SUCCEEDED:
         return {"kind": "completed", "text": "ran to its end"}
     if job_state == JobState.FAILED:
@@ -96,7 +77,7 @@ def decision_text(d: DecisionIn, base: int) -> str:
         return d.text
     at = f"training_iteration {base + d.iteration}" if d.iteration is not None else "its latest report"
     who = d.rule or "the scheduler"
-    if d.kind == "pruned":
+    if d.kind == TrialDecision.PRUNED:
         rung = f" at rung {d.rung}" if d.rung is not None else ""
         return f"{who} stopped it{rung} ({at})"
     return {
@@ -227,14 +208,14 @@ class Experiments:
             jobs = [{"job": row["id"], "cut": None, "base": 0}]
             name = str(row["name"]).rpartition("/")[2] or tag["trial_id"]  # the job's name: "<experiment>/<trial>"
             writes.add_trial(experiment_id=experiment_id, trial_id=tag["trial_id"], name=name, config=config,
-                             jobs=json.dumps(jobs), job_id=row["id"], state="queued", rev=self._next_rev())  # fmt: skip
+                             jobs=json.dumps(jobs), job_id=row["id"], state=trial_state(None), rev=self._next_rev())  # fmt: skip
             return
         jobs = json.loads(trial["jobs"])  # the trial goes on in a new job (PBT's exploit: a new run)
         if any(j["job"] == row["id"] for j in jobs):
             return  # taken already (catch_up and a commit's listener may both see a job)
         jobs.append({"job": row["id"], "cut": None, "base": int(trial["iterations"])})
         writes.set_trial(experiment_id, tag["trial_id"], jobs=json.dumps(jobs), job_id=row["id"], job_state=None,
-                         scanned=0, config=config, state="queued", reason=None, ended_at=None,
+                         scanned=0, config=config, state=trial_state(None), reason=None, ended_at=None,
                          rev=self._next_rev())  # fmt: skip
 
     def _refresh_trial(self, writes: ExperimentWrites, row: Row) -> None:
@@ -250,7 +231,7 @@ class Experiments:
             reason = ended_reason(state, row["error"])
         writes.set_trial(
             row["experiment_id"], row["trial_id"], job_state=state.value, scanned=scanned,
-            state=trial_state(state, reason), reason=json.dumps(reason) if reason else None,
+            state=trial_state(state, (reason or {}).get("kind")), reason=json.dumps(reason) if reason else None,
             iterations=stats.iterations, last=stats.last, best=stats.best, best_at=stats.best_at,
             metrics=json.dumps(stats.metrics) if stats.metrics else None,
             started_at=row["started_at"] if row["started_at"] is not None else row["job_started"],
@@ -291,7 +272,7 @@ class Experiments:
                                           ts=ts, kind=d.kind, iteration=reason.get("iteration"),
                                           detail=json.dumps(reason), rev=rev)  # fmt: skip
                 writes.set_trial(row["experiment_id"], row["trial_id"], jobs=json.dumps(jobs), reason=json.dumps(reason),
-                                 state=trial_state(row["job_state"], reason), scanned=offset,
+                                 state=trial_state(row["job_state"], d.kind), scanned=offset,
                                  iterations=stats.iterations, last=stats.last, best=stats.best, best_at=stats.best_at,
                                  rev=rev, **({"metrics": json.dumps(stats.metrics)} if stats.metrics else {}))  # fmt: skip
                 writes.add_job_event(job_id, JobEvent.TUNE_DECISION, {"trial_id": row["trial_id"], **reason})
@@ -350,9 +331,9 @@ class Experiments:
     def _import_trial(self, writes: ExperimentWrites, experiment_id: int, trial: ImportTrialIn, metric: str | None,
                       mode: str | None) -> None:  # fmt: skip
         decisions = list(trial.decisions)
-        if not decisions and trial.status == "TERMINATED" and trial.pruned:
+        if not decisions and trial.status == TrialState.TERMINATED and trial.pruned:
             it = number(trial.metrics.get("training_iteration"))
-            decisions = [DecisionIn(kind="pruned", iteration=int(it) if it is not None else None)]
+            decisions = [DecisionIn(kind=TrialDecision.PRUNED, iteration=int(it) if it is not None else None)]
         last = decisions[-1] if decisions else None
         cut = last.iteration if last is not None else None
         stats = Stats()
@@ -368,18 +349,17 @@ class Experiments:
         if last is not None:
             reason: dict[str, Any] | None = {**{k: v for k, v in last.model_dump().items() if v is not None},
                                              "text": decision_text(last, 0)}  # fmt: skip
-        elif trial.status == "ERROR":
+        elif trial.status == TrialState.ERROR:
             first = (trial.error or "").strip().splitlines()
             reason = {"kind": "error", "text": "error: " + (first[-1] if first else "the trial failed")}
-        elif trial.status == "TERMINATED":
+        elif trial.status == TrialState.TERMINATED:
             reason = {"kind": "completed", "text": "ran to its end"}
         else:
             reason = {"kind": "interrupted", "text": f"unfinished ({trial.status}) when the experiment was imported: "
                       "Tuner.restore continues it"}  # fmt: skip
-        state = {"ERROR": "errored", "PENDING": "stopped", "RUNNING": "stopped"}.get(trial.status)
-        if state is None:
-            state = ENDS_AS.get(str((reason or {}).get("kind")), "completed") if last is not None else "completed"
-            state = "stopped" if state == "queued" else state
+        # The snapshot's status is the trial's state (the tuner derived it: trial_state); one that did
+        # not end waits for a Tuner.restore (nothing runs it now).
+        state = trial.status if trial.status.ended else TrialState.PENDING
         history = {k: [p for p in points if cut is None or p[0] <= cut] for k, points in trial.history.items()}
         rev = self._next_rev()
         writes.add_trial(

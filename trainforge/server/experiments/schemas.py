@@ -5,18 +5,16 @@ spec's ``experiment`` (:class:`~trainforge.server._schemas.TrialTagIn`, beside t
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from trainforge.client import TrialDecision, TrialState
 from trainforge.server._schemas import ConfigKey, ConfigValue, ParamIn
 
 ExperimentId = Annotated[int, Path(ge=0, le=2**62, description="the experiment's id")]
-TrialState = Literal["queued", "running", "completed", "pruned", "stopped", "errored"]
-TRIAL_STATES: tuple[str, ...] = get_args(TrialState)  # in the order the pages list them
-ACTIVE_TRIAL_STATES: tuple[str, ...] = ("queued", "running")  # a trial that may still report
-DecisionKind = Literal["pruned", "max_t", "exploit", "stopper", "budget", "interrupted", "error"]
+TRIAL_STATES: tuple[str, ...] = tuple(s.value for s in TrialState)  # in the order the pages list them
 Evaluator = Literal["ped_anova", "fanova"]
 Name = Annotated[str, Field(max_length=200)]
 Number = Annotated[float, Field(allow_inf_nan=False)]
@@ -32,7 +30,7 @@ class DecisionIn(BaseModel):
     in words."""
 
     model_config = ConfigDict(extra="forbid")
-    kind: DecisionKind
+    kind: TrialDecision
     iteration: int | None = Field(default=None, ge=0, le=2**62)
     rule: Name | None = None
     time_attr: Name | None = None
@@ -59,8 +57,10 @@ class DecisionOut(BaseModel):
 class TrialOut(BaseModel):
     trial_id: str
     name: str
-    state: TrialState
-    reason: dict[str, Any] | None = Field(description="why it ended: kind, text, and the decision's iteration, rung, ...")
+    state: TrialState = Field(description="Ray Tune's trial state, as the tuner shows it (trainforge.client.trial_state)")
+    reason: dict[str, Any] | None = Field(description=(
+        "why it ended: kind (a decision's: pruned, max_t, ...; else its job's end: completed, failed, stopped), "
+        "text, and the decision's iteration, rung, ..."))
     config: dict[str, Any]
     iterations: int
     last: float | None = Field(description="the metric's latest value (within the trial's reports)")
@@ -97,7 +97,8 @@ class ExperimentOut(BaseModel):
     mode: Literal["min", "max"] | None
     space: dict[str, dict[str, Any]]
     trials: int
-    counts: dict[str, int] = Field(description="trials by state")
+    counts: dict[str, int] = Field(description="trials by state (TrialState)")
+    pruned: int = Field(default=0, description="of the TERMINATED trials, those the tuner's scheduler stopped early")
     best: BestOut | None = Field(description="the trial with the best latest value of the metric (errored ones left out)")
     started_at: float | None
     ended_at: float | None = Field(description="when its last trial ended; None while one is queued or runs")
@@ -147,6 +148,7 @@ class CurveOut(BaseModel):
     t: list[float | None] = Field(description="seconds since the trial's first report")
     cut: int | None = Field(description="where a tuner's stop decision ended it (its last point)")
     state: TrialState
+    pruned: bool = Field(default=False, description="the tuner's scheduler stopped it early (at cut)")
 
 
 class CurvesOut(BaseModel):
@@ -162,7 +164,7 @@ class ImportTrialIn(BaseModel):
     trial_id: str = Field(min_length=1, max_length=200)
     name: str = Field(min_length=1, max_length=1000)
     config: dict[ConfigKey, ConfigValue] = Field(default_factory=dict, max_length=500)
-    status: Literal["PENDING", "RUNNING", "TERMINATED", "ERROR"]
+    status: TrialState
     error: str | None = Field(default=None, max_length=100_000)
     pruned: bool = False
     stop_reason: str | None = Field(default=None, max_length=200)

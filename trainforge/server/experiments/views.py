@@ -8,7 +8,8 @@ import json
 import math
 from typing import Any
 
-from trainforge.server.experiments.book import ACTIVE, ExperimentNotFound, Experiments
+from trainforge.client import TrialDecision, TrialState
+from trainforge.server.experiments.book import ExperimentNotFound, Experiments
 from trainforge.server.experiments.importance import ImportanceCache, compute
 from trainforge.server.experiments.schemas import (
     BestOut,
@@ -38,21 +39,35 @@ def summary(row: Any, trials: list[Any]) -> ExperimentOut:
     best: Any = None
     for t in trials:
         counts[t["state"]] = counts.get(t["state"], 0) + 1
-        if t["last"] is not None and t["state"] != "errored" and (best is None or better(t["last"], best["last"], row["mode"])):
+        if t["last"] is not None and not _failed(t) and (best is None or better(t["last"], best["last"], row["mode"])):
             best = t
-    live = any(t["state"] in ACTIVE for t in trials) and row["source"] == "server"
+    pruned = sum(t["state"] == TrialState.TERMINATED and t["kind"] == TrialDecision.PRUNED for t in trials)
+    live = any(_live(t) for t in trials) and row["source"] == "server"
     starts = [t["started_at"] for t in trials if t["started_at"] is not None]
     ends = [t["ended_at"] for t in trials if t["ended_at"] is not None]
     return ExperimentOut(
         id=row["id"], name=row["name"], path=row["path"], source=row["source"], owner=row["owner"], tune_id=row["tune_id"],
         searcher=row["searcher"], scheduler=row["scheduler"], metric=row["metric"], mode=row["mode"],
-        space=json.loads(row["space"] or "{}"), trials=len(trials), counts=counts,
+        space=json.loads(row["space"] or "{}"), trials=len(trials), counts=counts, pruned=pruned,
         best=BestOut(trial_id=best["trial_id"], value=best["last"], job=best["job_id"], checkpoint=best["checkpoint"],
                      config=json.loads(best["config"])) if best is not None else None,
         started_at=min(starts) if starts else row["created_at"],
         ended_at=None if live else (row["ended_at"] or (max(ends) if ends else None)),
         live=live, url=f"/experiments/{row['id']}",
     )  # fmt: skip
+
+
+def _failed(t: Any) -> bool:
+    """The trial's run failed (or the tuner failed it): its numbers are left out of the best. One
+    stopped on the server is ERROR too (Tune reports it so), but what it reported holds."""
+    return t["state"] == TrialState.ERROR and t["kind"] != "stopped"
+
+
+def _live(t: Any) -> bool:
+    """The trial runs, or waits for its job or its tuner (not for a ``Tuner.restore``: one the tuner's
+    Ctrl-C left pending waits for nobody here)."""
+    state = TrialState(t["state"])
+    return state.active and not (state == TrialState.PENDING and t["kind"] == TrialDecision.INTERRUPTED)
 
 
 def list_experiments(ex: Experiments) -> list[ExperimentOut]:
@@ -108,7 +123,7 @@ def history(ex: Experiments, experiment_id: int) -> HistoryOut:
     rows = ex.store.experiments.trial_summaries(experiment_id)
     starts = [r["started_at"] for r in rows if r["started_at"] is not None]
     t0 = min(starts) if starts else None
-    done = [r for r in rows if r["state"] not in (*ACTIVE, "errored") and r["last"] is not None]
+    done = [r for r in rows if TrialState(r["state"]).ended and not _failed(r) and r["last"] is not None]
     done.sort(key=lambda r: (r["ended_at"] is None, r["ended_at"] or 0.0, r["trial_id"]))
     points: list[HistoryPointOut] = []
     best: float = math.nan
@@ -134,6 +149,7 @@ def curves(ex: Experiments, experiment_id: int, metric: str | None, points: int,
         ts: list[float] = []
         vs: list[float] = []
         cut = None
+        reason_kind = (json.loads(t["reason"]) if t["reason"] else {}).get("kind")
         if t["history"]:  # an imported trial (its history ends where a decision ended it)
             hist = json.loads(t["history"])
             cut = (json.loads(t["reason"]) if t["reason"] else {}).get("iteration")
@@ -157,18 +173,19 @@ def curves(ex: Experiments, experiment_id: int, metric: str | None, points: int,
         out[t["trial_id"]] = CurveOut(
             i=[its[k] for k in keep], v=[None if math.isnan(vs[k]) else vs[k] for k in keep],
             t=[None if math.isnan(ts[k]) or first is None else ts[k] - first for k in keep],
-            cut=cut, state=t["state"],
+            cut=cut, state=t["state"], pruned=t["state"] == TrialState.TERMINATED and reason_kind == TrialDecision.PRUNED,
         )  # fmt: skip
     return CurvesOut(metric=metric, metrics=sorted(keys), trials=out)
 
 
 def importance(ex: Experiments, cache: ImportanceCache, experiment_id: int, evaluator: str) -> ImportanceOut:
-    """Parameter importance over the experiment's completed trials (kept until one more ends)."""
+    """Parameter importance over the experiment's completed trials (TERMINATED, not pruned: their
+    values are comparable; kept until one more ends)."""
     row = _experiment_row(ex, experiment_id)
-    key = ex.store.experiments.ended_version(experiment_id, ACTIVE)
+    key = ex.store.experiments.ended_version(experiment_id, [s.value for s in TrialState if s.active])
 
     def make() -> dict[str, Any]:
-        done = ex.store.experiments.results(experiment_id, "completed")
+        done = ex.store.experiments.results(experiment_id, TrialState.TERMINATED, but_kind=TrialDecision.PRUNED)
         rows = [{"config": json.loads(r["config"]), "value": r["last"]} for r in done]
         return compute(rows, json.loads(row["space"] or "{}"), row["mode"], evaluator)
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainforge._internal import state_files
+from trainforge._internal.run_outcome import RunOutcome, read_outcome
 from trainforge._internal.state_files import write_atomic
 from trainforge.server.jobs.runner import (
     EVENTS_FILE,
@@ -128,11 +129,6 @@ class JobFiles:
     def has_outcome(self, job_id: int) -> bool:
         return os.path.exists(os.path.join(self.dir(job_id), EXIT_FILE))
 
-    def outcome(self, job_id: int) -> dict[str, Any] | None:
+    def outcome(self, job_id: int) -> RunOutcome | None:
         """What the job's runner wrote on its way out (``exit.json``), or None (it was lost)."""
-        try:
-            with state_files.open_regular(os.path.join(self.dir(job_id), EXIT_FILE)) as f:
-                value = json.loads(f.read(1 << 20))
-            return value if isinstance(value, dict) else None
-        except (OSError, ValueError):
-            return None
+        return read_outcome(os.path.join(self.dir(job_id), EXIT_FILE))

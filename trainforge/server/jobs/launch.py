@@ -17,6 +17,7 @@ import subprocess
 
 from trainforge._internal import zygote
 from trainforge._internal.constants import ENV_ADDRESS, ENV_TOKEN
+from trainforge._internal.run_outcome import FailureClass
 from trainforge.server.jobs.processes import Processes, job_env
 from trainforge.server.jobs.sandboxes import JobSandboxes, server_start_env
 from trainforge.server.scheduling.rule import JobRequest
@@ -28,7 +29,7 @@ class LaunchError(Exception):
     """The job cannot start (before its runner exists): why, and whose fault (``user_error`` or
     ``infra``)."""
 
-    def __init__(self, message: str, failure_class: str = "infra"):
+    def __init__(self, message: str, failure_class: FailureClass = FailureClass.INFRA):
         super().__init__(message)
         self.failure_class = failure_class
 
@@ -68,7 +69,7 @@ class Launcher:
             plan, who = self.sandboxes.prepare(job, job_dir, memory_max=int(memory) if memory else None)
         except LookupError as exc:  # its owner was removed since it was queued
             raise LaunchError(f"the job's owner {job.owner!r} is no longer a user of this server ({exc}): an admin "
-                              "may resubmit it", "user_error") from None  # fmt: skip
+                              "may resubmit it", FailureClass.USER_ERROR) from None  # fmt: skip
         except (OSError, KeyError, ValueError) as exc:
             raise LaunchError(f"could not prepare the job's sandbox: {exc}") from None
         env = env_of(self.sandboxes.base_env(who))

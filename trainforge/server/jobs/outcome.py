@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
+from trainforge._internal.run_outcome import FailureClass, RunOutcome, RunStatus
 from trainforge.client import JobEvent, JobState
 from trainforge.server.store.database import Change, JobRow
 
@@ -19,38 +20,38 @@ from trainforge.server.store.database import Change, JobRow
 def broken(job_id: int, missing: str, now: float) -> Change:
     """The end of a job that cannot run because its files are incomplete (``missing``: which)."""
     error = f"the job's files are incomplete (missing {missing} in the server's state directory): it cannot run; submit it again"
-    return job_id, JobEvent.ENDED, {"error": error}, {"state": JobState.FAILED, "failure_class": "infra", "error": error,
+    return job_id, JobEvent.ENDED, {"error": error}, {"state": JobState.FAILED, "failure_class": FailureClass.INFRA, "error": error,
                                                       "ended_at": now, "pid": None}  # fmt: skip
 
 
-def run_ended(job: JobRow, outcome: dict[str, Any] | None, returncode: int | None, now: float) -> tuple[list[Change], bool]:
+def run_ended(job: JobRow, outcome: RunOutcome | None, returncode: int | None, now: float) -> tuple[list[Change], bool]:
     """The changes that record the end of ``job``'s run (its runner's ``outcome``, None if it left
     none; ``returncode`` None when the runner was not the server's child) and whether the job goes
     back to the queue (a lost runner, with retries left, or a preempted job: it continues the
     interrupted run)."""
     common: dict[str, Any] = {"ended_at": now, "pid": None}
-    if job.preempting and (outcome is None or outcome.get("status") != "succeeded"):
+    if job.preempting and (outcome is None or outcome.status != RunStatus.SUCCEEDED):
         # Preempted for a higher-priority job: back to the queue, to continue the run from its latest
         # committed checkpoint (a retry of the job's own is not spent on it).
         spec = dict(job.spec)
         if job.run_path:
             spec["resume_run_path"] = job.run_path
-        payload = {"exit_code": outcome.get("exit_code") if outcome else returncode, "resume": job.run_path}
+        payload = {"exit_code": outcome.exit_code if outcome else returncode, "resume": job.run_path}
         return [(job.id, JobEvent.PREEMPTED, payload, {"state": JobState.QUEUED, "spec": spec, "pid": None})], True
     if outcome is not None:
-        status = outcome.get("status")
-        state = {"succeeded": JobState.SUCCEEDED, "stopped": JobState.STOPPED}.get(str(status), JobState.FAILED)
+        state = {RunStatus.SUCCEEDED: JobState.SUCCEEDED, RunStatus.STOPPED: JobState.STOPPED}.get(
+            outcome.status, JobState.FAILED)  # fmt: skip
         if job.state == JobState.STOPPING and state == JobState.FAILED:
             state = JobState.STOPPED
-        failure = outcome.get("failure_class") if state == JobState.FAILED else (
-            "stopped" if state == JobState.STOPPED else None
+        failure = outcome.failure_class if state == JobState.FAILED else (
+            FailureClass.STOPPED if state == JobState.STOPPED else None
         )  # fmt: skip
-        payload = {"exit_code": outcome.get("exit_code"), "error": outcome.get("error")}
-        fields = {"state": state, "exit_code": outcome.get("exit_code"), "error": outcome.get("error"),
-                  "failure_class": failure, **common}  # fmt: skip
+        payload = {"exit_code": outcome.exit_code, "error": outcome.error}
+        fields = {"state": state, "exit_code": outcome.exit_code, "error": outcome.error, "failure_class": failure,
+                  **common}  # fmt: skip
         return [(job.id, JobEvent.ENDED, payload, fields)], False
     if job.state == JobState.STOPPING:
-        fields = {"state": JobState.STOPPED, "exit_code": returncode, "failure_class": "stopped", **common}
+        fields = {"state": JobState.STOPPED, "exit_code": returncode, "failure_class": FailureClass.STOPPED, **common}
         return [(job.id, JobEvent.ENDED, {"exit_code": returncode, "killed": True}, fields)], False
     if job.state == JobState.STARTING and job.pid is None:  # the server died before starting its runner
         attempt = max(0, job.attempt - 1)
@@ -71,5 +72,6 @@ def run_ended(job: JobRow, outcome: dict[str, Any] | None, returncode: int | Non
         ], True  # fmt: skip
     return [
         (job.id, JobEvent.LOST, {"error": error}, {"state": JobState.LOST, "error": error}),
-        (job.id, JobEvent.ENDED, {"error": error}, {"state": JobState.FAILED, "failure_class": "lost", "error": error, **common}),
+        (job.id, JobEvent.ENDED, {"error": error}, {"state": JobState.FAILED, "failure_class": FailureClass.LOST, "error": error,
+                                                   **common}),
     ], False

@@ -8,8 +8,8 @@ grant). It runs the job through the same public trainer code as a local ``fit()`
 is run as ``__main__``, and each ``fit()`` it calls is one of the job's runs. Every run appends its
 events to the job's events file (:mod:`trainforge._internal.job_events`).
 
-It ends by writing ``<job_dir>/exit.json`` (``status``: succeeded | failed | stopped, ``error``,
-``failure_class``) and, for a trainer job, ``<job_dir>/result.pkl`` (the :class:`~trainforge.Result`
+It ends by writing ``<job_dir>/exit.json`` (its outcome: ``status``, ``error``, ``failure_class``; the
+file's one writer and reader are :mod:`trainforge._internal.run_outcome`) and, for a trainer job, ``<job_dir>/result.pkl`` (the :class:`~trainforge.Result`
 that ``fit()`` would return, pickled). Ctrl-C (SIGINT, which the server sends to stop a job) stops
 the workers as in a terminal; the latest committed checkpoint stays. A runner killed before it
 wrote ``exit.json`` is what the server calls *lost*.
@@ -26,6 +26,7 @@ import traceback
 from typing import Any
 
 from trainforge._internal.constants import ENV_SANDBOX_PLAN
+from trainforge._internal.run_outcome import FailureClass, RunOutcome, write_outcome
 from trainforge._internal.state_files import write_atomic
 
 SPEC_FILE = "spec.json"
@@ -75,7 +76,7 @@ def _load_trainer(job_dir: str, spec: dict[str, Any]) -> Any:
     return trainer
 
 
-def _run_trainer(job_dir: str, spec: dict[str, Any]) -> dict[str, Any]:
+def _run_trainer(job_dir: str, spec: dict[str, Any]) -> RunOutcome:
     import cloudpickle
 
     trainer = _load_trainer(job_dir, spec)
@@ -91,11 +92,11 @@ def _run_trainer(job_dir: str, spec: dict[str, Any]) -> dict[str, Any]:
         blob = cloudpickle.dumps(result)
     write_atomic(os.path.join(job_dir, RESULT_FILE), blob)
     if result.error is not None:
-        return {"status": "failed", "failure_class": "user_error", "error": str(result.error), "exit_code": 1}
-    return {"status": "succeeded", "exit_code": 0}
+        return RunOutcome.failed(FailureClass.USER_ERROR, str(result.error))
+    return RunOutcome.succeeded()
 
 
-def _run_script(spec: dict[str, Any]) -> dict[str, Any]:
+def _run_script(spec: dict[str, Any]) -> RunOutcome:
     path = spec["path"]
     sys.argv = [path, *spec.get("args", [])]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
@@ -104,15 +105,15 @@ def _run_script(spec: dict[str, Any]) -> dict[str, Any]:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code != 0:
-            return {"status": "failed", "failure_class": "user_error", "error": f"exit code {code}", "exit_code": code}
-    return {"status": "succeeded", "exit_code": 0}
+            return RunOutcome.failed(FailureClass.USER_ERROR, f"exit code {code}", exit_code=code)
+    return RunOutcome.succeeded()
 
 
 class _NotStarted(Exception):
     """The job cannot start (before its own code runs): why, and whose the fault is (``user_error``:
     the job's spec; ``infra``: the server's files)."""
 
-    def __init__(self, message: str, failure_class: str):
+    def __init__(self, message: str, failure_class: FailureClass):
         super().__init__(message)
         self.failure_class = failure_class
 
@@ -130,7 +131,7 @@ def _prepare(job_dir: str, job_id: str | None) -> dict[str, Any]:
             grant = f.read()
     except (OSError, ValueError) as exc:
         raise _NotStarted(f"cannot read the job's files in {job_dir} ({type(exc).__name__}: {exc}): the server's "
-                          "state directory is damaged; submit the job again", "infra") from None  # fmt: skip
+                          "state directory is damaged; submit the job again", FailureClass.INFRA) from None  # fmt: skip
     cwd = spec.get("cwd")
     if cwd:
         try:
@@ -139,15 +140,15 @@ def _prepare(job_dir: str, job_id: str | None) -> dict[str, Any]:
             why = exc.strerror if isinstance(exc, OSError) else str(exc)
             raise _NotStarted(f"cannot run in the job's working directory (cwd) {cwd!r}: {why}. Submit it with a cwd "
                               f"that exists on the server's machine and that {_who()} may enter "
-                              "(`trainforge submit` sends the directory it is run in)", "user_error") from None  # fmt: skip
+                              "(`trainforge submit` sends the directory it is run in)", FailureClass.USER_ERROR) from None  # fmt: skip
     script = spec.get("path")
     if spec["kind"] == "script" and isinstance(script, str) and not os.access(script, os.R_OK):
         problem = "it is not there" if not os.path.exists(script) else "permission denied"
         raise _NotStarted(f"cannot read the job's script {script!r} ({problem}): it must be readable by {_who()}",
-                          "user_error")  # fmt: skip
+                          FailureClass.USER_ERROR)  # fmt: skip
     sys_path = spec.get("sys_path") or []
     if not isinstance(sys_path, list) or not all(isinstance(e, str) for e in sys_path):
-        raise _NotStarted(f"the job's sys_path is {sys_path!r}: give a list of directories", "user_error")
+        raise _NotStarted(f"the job's sys_path is {sys_path!r}: give a list of directories", FailureClass.USER_ERROR)
     for entry in reversed(sys_path):
         if entry not in sys.path:
             sys.path.insert(0, entry)
@@ -155,7 +156,7 @@ def _prepare(job_dir: str, job_id: str | None) -> dict[str, Any]:
     return spec
 
 
-def _confine(job_dir: str) -> dict[str, Any] | None:
+def _confine(job_dir: str) -> RunOutcome | None:
     """A runner started fresh with a sandbox plan enters it first, before anything of the job is
     read (:mod:`trainforge._internal.sandbox`), then works in the job's directory. The outcome to
     end with if that fails, else None."""
@@ -167,8 +168,7 @@ def _confine(job_dir: str) -> dict[str, Any] | None:
         if enter_from_environment():
             os.chdir(job_dir)
     except (OSError, ValueError) as exc:
-        return {"status": "failed", "failure_class": "infra", "exit_code": 1,
-                "error": f"could not enter the job's sandbox: {exc}"}  # fmt: skip
+        return RunOutcome.failed(FailureClass.INFRA, f"could not enter the job's sandbox: {exc}")
     return None
 
 
@@ -187,9 +187,9 @@ def main(job_dir: str) -> int:
     its spec to its last line, ends there (a runner that ends without one is *lost*, and retried)."""
     refused = _confine(job_dir)
     if refused is not None:  # still the server's user: say why in the job's log and outcome, run nothing
-        print(f"trainforge job {os.environ.get('TRAINFORGE_JOB_ID')}: not started: {refused['error']}", flush=True)
-        write_atomic(os.path.join(job_dir, EXIT_FILE), json.dumps(refused), fsync=True)
-        return 1
+        print(f"trainforge job {os.environ.get('TRAINFORGE_JOB_ID')}: not started: {refused.error}", flush=True)
+        write_outcome(os.path.join(job_dir, EXIT_FILE), refused)
+        return refused.exit_code
     job_id = os.environ.get("TRAINFORGE_JOB_ID")
     try:
         spec = _prepare(job_dir, job_id)
@@ -199,22 +199,17 @@ def main(job_dir: str) -> int:
             outcome = _run_trainer(job_dir, spec)
     except _NotStarted as exc:
         print(f"trainforge job {job_id}: not started: {exc}", flush=True)
-        outcome = {"status": "failed", "failure_class": exc.failure_class, "error": str(exc), "exit_code": 1}
+        outcome = RunOutcome.failed(exc.failure_class, str(exc))
     except KeyboardInterrupt:
         print(f"trainforge job {job_id}: stopped", flush=True)
-        outcome = {"status": "stopped", "exit_code": 130}
+        outcome = RunOutcome.stopped()
     except BaseException as exc:  # the job's own code failed before or outside fit()
         traceback.print_exc()
-        outcome = {
-            "status": "failed",
-            "failure_class": "user_error",
-            "error": f"{type(exc).__name__}: {exc}",
-            "exit_code": 1,
-        }
+        outcome = RunOutcome.failed(FailureClass.USER_ERROR, f"{type(exc).__name__}: {exc}")
     sys.stdout.flush()
     sys.stderr.flush()
-    write_atomic(os.path.join(job_dir, EXIT_FILE), json.dumps(outcome), fsync=True)
-    return int(outcome["exit_code"])
+    write_outcome(os.path.join(job_dir, EXIT_FILE), outcome)
+    return outcome.exit_code
 
 
 if __name__ == "__main__":

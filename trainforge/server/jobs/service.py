@@ -36,6 +36,7 @@ from typing import Any
 
 import psutil
 
+from trainforge._internal.run_outcome import FailureClass
 from trainforge._internal.state_files import write_atomic
 from trainforge.client import ACTIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobEvent, JobState
 from trainforge.server._crash import crash_point
@@ -158,7 +159,8 @@ class JobService:
                              name=f"tf-job{job_id}-stop").start()  # fmt: skip
         return counts
 
-    def _fail(self, job_id: int, error: str, failure_class: str = "infra", event: JobEvent = JobEvent.ENDED) -> None:
+    def _fail(self, job_id: int, error: str, failure_class: FailureClass = FailureClass.INFRA,
+              event: JobEvent = JobEvent.ENDED) -> None:  # fmt: skip
         """The job ends FAILED before its runner ran, saying why."""
         self.store.update(job_id, event, {"error": error}, state=JobState.FAILED, failure_class=failure_class,
                           error=error, ended_at=time.time(), pid=None)  # fmt: skip
@@ -325,7 +327,7 @@ class JobService:
                 self._waiting.discard(job_id)
                 self.store.update(
                     job_id, JobEvent.STOPPED, {"while": job.state}, state=JobState.STOPPED, ended_at=time.time(),
-                    failure_class="stopped",
+                    failure_class=FailureClass.STOPPED,
                 )  # fmt: skip
                 self._schedule()
                 return self.get(job_id)

@@ -27,9 +27,12 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse, Response
 
+from trainforge._internal.amounts import fmt_amount, fmt_bytes, fmt_metric, fmt_number, fmt_resources
+from trainforge._internal.constants import API_PREFIX
 from trainforge._internal.http import json_safe
+from trainforge._internal.trainer_job import NUM_WORKERS
 from trainforge.client import ACTIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobEvent, JobState
-from trainforge.server._display import fmt_amount, fmt_bytes, fmt_resources, ordered_metrics
+from trainforge.server._display import ordered_metrics
 from trainforge.server.pages.team import audit_section, owner_note, shares_section, signed_in
 from trainforge.server.routes.access import Caller, can
 from trainforge.server.routes.common import Service, job_out_for
@@ -83,7 +86,7 @@ def metrics_text(m: dict[str, Any] | None, limit: int = 4) -> str:
         return ""
     items = []
     for k, v in ordered_metrics(m)[:limit]:
-        items.append(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}")
+        items.append(f"{k}={fmt_metric(v)}" if isinstance(v, float) else f"{k}={v}")
     return " ".join(items) + (" …" if len(m) > limit else "")
 
 
@@ -125,7 +128,7 @@ def job_row(job: dict[str, Any], now: float, usage: dict[str, float] | None = No
     active = job["state"] in ACTIVE_STATES
     used = resources(job.get("grant")) if job.get("grant") and active else ""
     req = job.get("request") or {}
-    asked = f"{req.get('workers', 1)}" + (f"-{req['max_workers']}" if req.get("max_workers") else "") + " × " + (
+    asked = f"{req.get(NUM_WORKERS, 1)}" + (f"-{req['max_workers']}" if req.get("max_workers") else "") + " × " + (
         resources(req.get("per_worker")) or "0"
     )
     return (
@@ -198,7 +201,7 @@ def _group_value(job: dict[str, Any], group: str | None) -> str:
 def _value_text(job: dict[str, Any], group: str) -> str:
     """The grouping key's value as people read it: a float rounded (``0.1501``), else as grouped."""
     value = (job.get("config") or {}).get(group)
-    return f"{value:.4g}" if isinstance(value, float) else _group_value(job, group)
+    return fmt_metric(value) if isinstance(value, float) else _group_value(job, group)
 
 
 def _value_order(job: dict[str, Any], group: str | None) -> tuple[int, float, str]:
@@ -221,8 +224,8 @@ def compare_summary(jobs: list[dict[str, Any]], metric: str | None, group: str |
         value = _value_text(members[0], group) if group else ""
         last = [v for j in members if isinstance(v := (j.get("last_metrics") or {}).get(metric), (int, float))
                 and not isinstance(v, bool)]  # fmt: skip
-        stats = (f"<td class=num>{sum(last) / len(last):.4g}</td><td class=num>{min(last):.4g}</td>"
-                 f"<td class=num>{max(last):.4g}</td>") if last else "<td>—</td><td>—</td><td>—</td>"  # fmt: skip
+        stats = (f"<td class=num>{fmt_metric(sum(last) / len(last))}</td><td class=num>{fmt_metric(min(last))}</td>"
+                 f"<td class=num>{fmt_metric(max(last))}</td>") if last else "<td>—</td><td>—</td><td>—</td>"  # fmt: skip
         links = ", ".join(f'<a href="/jobs/{j["id"]}">{j["id"]}</a>' for j in members)
         rows.append(f"<tr><td>{esc(value) if group else 'all'}</td><td class=num>{len(members)}</td>{stats}<td>{links}</td></tr>")
     return (
@@ -235,7 +238,8 @@ def compare_summary(jobs: list[dict[str, Any]], metric: str | None, group: str |
 def page(title: str, body: str, *, kind: str, data: dict[str, Any] | None = None,
          assets: tuple[str, ...] = (), caller: Principal | None = None) -> HTMLResponse:  # fmt: skip
     """A page: the shared header, ``body``, the page's data for the script (a JSON attribute), and
-    the job states it needs (``data-states``: :func:`states_json`);
+    the job states it needs (``data-states``: :func:`states_json`), and
+    where the API is (``data-api``: its prefix, which ``static/page.js`` calls under);
     ``assets``: more files of ``/static`` it loads (``.css`` style sheets, ``.js`` module scripts)."""
     payload = esc(json.dumps(data or {}, allow_nan=False, default=str))
     states = esc(json.dumps(states_json()))
@@ -257,7 +261,8 @@ def page(title: str, body: str, *, kind: str, data: dict[str, Any] | None = None
         '<script type=module src="/static/dashboard.js"></script>'
         f"{extra}"
         f'</head><body><header><span class=brand>trainforge</span><nav>{nav}</nav>{signed_in(caller)}<span id=live class=live title="live updates">●</span></header>'
-        f'<main id=page data-kind="{kind}" data-page="{payload}" data-states="{states}">{body}</main></body></html>'
+        f'<main id=page data-kind="{kind}" data-page="{payload}" data-states="{states}" data-api="{API_PREFIX}">'
+        f"{body}</main></body></html>"
     )
     return HTMLResponse(text, headers={"Content-Security-Policy": CSP, "Cache-Control": "no-store"})
 
@@ -448,7 +453,7 @@ def _queue_pages(offset: int, total: int, hours: float) -> str:
     """Where the queue page is in the queue, with links to the pages before and after it."""
     if total <= QUEUE_PAGE and offset == 0:
         return ""
-    links = [f'<a href="/queue?offset={o}&amp;hours={hours:g}">{label}</a>' for o, label, show in (
+    links = [f'<a href="/queue?offset={o}&amp;hours={fmt_number(hours)}">{label}</a>' for o, label, show in (
         (max(0, offset - QUEUE_PAGE), "previous", offset > 0), (offset + QUEUE_PAGE, "next", offset + QUEUE_PAGE < total)) if show]  # fmt: skip
     shown = f"{offset + 1}-{min(total, offset + QUEUE_PAGE)}" if offset < total else "none"
     return f"<p class=pages>{shown} of {total} waiting jobs {' '.join(links)}</p>"
@@ -480,7 +485,7 @@ def queue_page(service: Service, caller: Caller, hours: float = Query(6.0, gt=0,
         f"<th>Granted</th><th>Free</th></tr></thead><tbody>{res}</tbody></table></section>"
         "<section><h2>Who holds what</h2><table><thead><tr><th>Job</th><th>Grant</th><th>GPUs</th></tr></thead>"
         f"<tbody>{holders}</tbody></table></section>"
-        f"<section><h2>Who used what, the last {hours:g} hours</h2>{timeline(service, hours, time.time())}</section>"
+        f"<section><h2>Who used what, the last {fmt_number(hours)} hours</h2>{timeline(service, hours, time.time())}</section>"
         "<section><h2>Queue, in start order</h2><table><thead><tr><th>#</th><th>Job</th><th>Why it waits</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>{_queue_pages(offset, total, hours)}</section>{shares_section(service)}"
     )

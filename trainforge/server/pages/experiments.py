@@ -17,9 +17,11 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
+from trainforge._internal.amounts import fmt_metric
+from trainforge.client import TrialState
 from trainforge.server.experiments import views as views
 from trainforge.server.experiments.book import ExperimentNotFound
-from trainforge.server.experiments.schemas import ACTIVE_TRIAL_STATES, TRIAL_STATES, ExperimentOut, TrialOut
+from trainforge.server.experiments.schemas import TRIAL_STATES, ExperimentOut, TrialOut
 from trainforge.server.pages.dashboard import ago, esc, page
 from trainforge.server.routes.access import Caller
 from trainforge.server.routes.experiments import ExperimentsDep
@@ -35,7 +37,7 @@ def fmt(v: Any) -> str:
     if isinstance(v, bool) or v is None:
         return "" if v is None else str(v).lower()
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return fmt_metric(v)
     return str(v)
 
 
@@ -47,7 +49,11 @@ def span_text(seconds: float | None) -> str:
 
 
 def counts_text(e: ExperimentOut) -> str:
-    return " ".join(f'<span class="tstate t-{s}">{e.counts[s]} {s}</span>' for s in TRIAL_STATES if e.counts.get(s))
+    """The trials by state, the pruned ones among the TERMINATED: ``10 TERMINATED (2 pruned) 1 ERROR``
+    (``static/experiments.js`` renders the same)."""
+    return " ".join(f'<span class="tstate t-{s}">{e.counts[s]} {s}'
+                    f'{f" ({e.pruned} pruned)" if s == TrialState.TERMINATED and e.pruned else ""}</span>'
+                    for s in TRIAL_STATES if e.counts.get(s))  # fmt: skip
 
 
 def experiment_row(e: ExperimentOut, now: float) -> str:
@@ -153,5 +159,6 @@ def experiment_page(ex: ExperimentsDep, caller: Caller, experiment_id: int) -> R
         "<tbody id=decisions></tbody></table></section>"
     )
     data = {"experiment": e.model_dump(), "params": params, "rev": listed.rev,
-            "trial_states": TRIAL_STATES, "active_trial_states": ACTIVE_TRIAL_STATES}  # the script's: no copy
+            "trial_states": TRIAL_STATES, "active_trial_states": [s.value for s in TrialState if s.active],
+            "pruned_among": TrialState.TERMINATED.value}  # the script's: no copy
     return page(f"Experiment {e.name}", body, kind="experiment", data=data, assets=ASSETS, caller=caller)

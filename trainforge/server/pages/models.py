@@ -17,14 +17,15 @@ from urllib.parse import quote
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import HTMLResponse, Response
 
-from trainforge.server._display import fmt_bytes
+from trainforge._internal.amounts import fmt_bytes
+from trainforge._internal.constants import API_PREFIX
 from trainforge.server._models import NAME_RE, ModelsDep
 from trainforge.server._schemas import AliasMoveOut, VersionOut
 from trainforge.server.pages.dashboard import ago, esc, metrics_text, page
 from trainforge.server.routes.access import Caller
 
 
-def size_text(n: int | None) -> str:
+def size_cell(n: int | None) -> str:
     return "" if n is None else fmt_bytes(n)
 
 
@@ -71,9 +72,9 @@ def version_row(v: VersionOut, now: float) -> str:
     kind = v.model_class or (f"loader {v.loader}" if v.loader else "")
     return (
         f'<tr id="v-{v.version}" data-version="{v.version}">'
-        f'<td class=num><a href="/api/v1/models/{quote(v.name)}/versions/{v.version}">v{v.version}</a></td>'
+        f'<td class=num><a href="{API_PREFIX}/models/{quote(v.name)}/versions/{v.version}">v{v.version}</a></td>'
         f"<td>{_when(v.created_at, now)}{' by ' + esc(v.created_by) if v.created_by else ''}</td>"
-        f'<td class=num title="{v.num_files} file(s)">{esc(size_text(v.size))}</td>'
+        f'<td class=num title="{v.num_files} file(s)">{esc(size_cell(v.size))}</td>'
         f'<td class=metrics title="{esc(json.dumps(v.metrics, default=str))}">{esc(metrics_text(v.metrics, limit=6))}</td>'
         f"<td>{_tags(v.tags)}{'<div class=meta>' + esc(v.description) + '</div>' if v.description else ''}</td>"
         f"<td class=aliases>{_alias_chips(v.aliases)}</td>"
@@ -145,7 +146,7 @@ def model_page(models: ModelsDep, caller: Caller, name: str) -> Response:
         f"<td>{_when(last_move[a].at, now) if a in last_move else ''}</td>"
         f"<td>{esc(last_move[a].by or '') if a in last_move else ''}</td>"
         f"<td><code>models:/{esc(name)}@{esc(a)}</code></td>"
-        f"<td><code>POST /api/v1/serve/{esc(name)}@{esc(a)}/predict</code></td></tr>"
+        f"<td><code>POST {API_PREFIX}/serve/{esc(name)}@{esc(a)}/predict</code></td></tr>"
         for a, v in sorted(aliases.items())
     ) or "<tr class=empty><td colspan=6>No aliases.</td></tr>"
     version_rows = "".join(version_row(v, now) for v in reversed(versions)) or (

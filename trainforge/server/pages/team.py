@@ -8,7 +8,7 @@ import html
 import time
 from typing import TYPE_CHECKING, Any
 
-from trainforge.server._display import fmt_resources
+from trainforge._internal.amounts import fmt_number, fmt_resources
 from trainforge.server.team.users import Principal
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def audit_section(service: JobService, job_id: int, limit: int = 50) -> str:
 def shares_section(service: JobService) -> str:
     """Each user's fair share: weight, usage, factor, what they hold and their quota."""
     rows = "".join(
-        f"<tr><td>{_esc(r['user'])}</td><td class=num>{r['shares']:g}</td>"
+        f"<tr><td>{_esc(r['user'])}</td><td class=num>{fmt_number(r['shares'])}</td>"
         f"<td class=num>{100 * r['share_fraction']:.0f}%</td><td class=num>{100 * r['usage_fraction']:.0f}%</td>"
         f"<td class=num>{r['factor']:.3f}</td><td>{_esc(_amounts(r['holds']))}</td><td>{_esc(_amounts(r['quota']))}</td></tr>"
         for r in service.scheduling.report(time.time())

@@ -47,11 +47,11 @@ import anyio
 from fastapi import Depends, HTTPException, Request
 from starlette.routing import compile_path
 
-from trainforge._internal.http import deny
+from trainforge._internal.constants import API_PREFIX
+from trainforge._internal.http import SAFE_METHODS, deny
 from trainforge.server.team.users import ADMIN_PRINCIPAL, Principal, is_user_name
 
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-P = "/api/v1"
+P = API_PREFIX
 UNLISTED = "unlisted"
 
 # (method, route path) -> rule, for every route that changes state, and the reads that are not "read".

@@ -20,7 +20,6 @@ from trainforge.server.jobs.series import SeriesCache
 from trainforge.server.jobs.service import JobRow, JobService, NotFoundError
 from trainforge.server.routes.access import caller_of
 
-API_PREFIX = "/api/v1"
 POLL_S = 0.1
 KEEPALIVE_S = 15.0
 ERRORS: dict[int | str, dict[str, Any]] = {

@@ -41,8 +41,7 @@ def submit(service: Service, caller: Caller, spec: JobSpecIn) -> SubmitOut:
         except (binascii.Error, ValueError):
             raise invalid(("body", "trainer_b64"), "not valid base64 (send the cloudpickled trainer, base64-encoded)") from None
     body = spec.model_dump(exclude={"trainer_b64", "name", "priority", "hold", "max_retries", "submission_id",
-                                    "workers", "preemptible"})  # fmt: skip
-    body["min_workers"] = spec.workers
+                                    "preemptible"})  # fmt: skip  (num_workers: the stored spec's key too)
     name = spec.name or (spec.target or os.path.basename(spec.path or "") or spec.kind)
     try:
         job, created = service.submit(
@@ -51,7 +50,7 @@ def submit(service: Service, caller: Caller, spec: JobSpecIn) -> SubmitOut:
             preemptible=spec.preemptible,
         )  # fmt: skip
     except ValueError as exc:  # a request that can never fit this server's capacity (or its user's quota)
-        raise invalid(("body", "workers"), str(exc)) from None
+        raise invalid(("body", "num_workers"), str(exc)) from None
     return SubmitOut(id=job.id, created=created, job=job_out_for(service, job))
 
 

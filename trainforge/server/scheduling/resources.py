@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from trainforge._internal.amounts import fmt_number
+
 Resources = Mapping[str, float]
 """Amounts by resource kind: ``{"CPU": 4, "GPU": 1, "memory": 8e9, "my_custom": 2}``."""
 
@@ -37,6 +39,5 @@ def dominant_share(amounts: Resources, capacity: Resources) -> float:
     return max((v / capacity[k] for k, v in amounts.items() if capacity.get(k, 0.0) > 0), default=0.0)
 
 
-def amount_text(x: float) -> str:
-    """An amount for a person: ``4``, ``0.5``, ``8e+09``."""
-    return f"{x:g}"
+# An amount for a person (``4``, ``0.5``, ``8e+09``): every server's one number formatter.
+amount_text = fmt_number

@@ -76,6 +76,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from trainforge._internal.resources import MIN_CPU_PER_WORKER, charge
+from trainforge._internal.trainer_job import num_workers_of
 from trainforge.server.scheduling.decision import Decision, Start
 from trainforge.server.scheduling.policies import from_team
 from trainforge.server.scheduling.policy import PolicySet
@@ -126,7 +127,7 @@ class JobRequest:
             job_id=job_id,
             seq=job_id,
             per_worker=charge(spec.get("per_worker", {})),
-            min_workers=int(spec.get("min_workers", 1)),
+            min_workers=num_workers_of(spec),  # the user's num_workers (an older server's spec: min_workers)
             max_workers=spec.get("max_workers"),
             driver=spec.get("driver", {}),
             priority=priority,
@@ -184,7 +185,7 @@ def check_fits(job: JobRequest, capacity: Resources, quota: Resources | None = N
 def _floor_note(job: JobRequest, short: Mapping[str, float]) -> str:
     """Why a request names CPUs its user may not have asked for (rule 0), when that is why it is refused."""
     if "CPU" in short and job.per_worker.get("CPU", 0.0) <= MIN_CPU_PER_WORKER + EPS:
-        return f" (each worker counts at least {MIN_CPU_PER_WORKER:g} CPU)"
+        return f" (each worker counts at least {amount_text(MIN_CPU_PER_WORKER)} CPU)"
     return ""
 
 

@@ -11,7 +11,9 @@ and written by :mod:`trainforge.server.experiments.book`.
   the jobs that ran it (PBT: one per run), each with ``cut``, the iteration at which a tuner's stop
   decision was taken (its reports after it are not the trial's); ``job_id``/``job_state`` the latest
   job as last seen; ``scanned`` the byte offset of that job's events file counted in so far. ``state``:
-  queued | running | completed | pruned | stopped | errored; ``reason`` (JSON) why it ended;
+  a :class:`~trainforge.client.TrialState` (PENDING | RUNNING | PAUSED | TERMINATED | ERROR; migration
+  7, :data:`TRIAL_STATES_OF_TUNE`, renamed the older queued | running | completed | pruned | stopped |
+  errored); ``reason`` (JSON) why it ended;
   ``iterations``, ``last``, ``best`` (and ``best_at``) of the experiment's metric, ``metrics`` its last
   reported metrics (JSON), ``history`` (imported trials only, JSON ``{key: [[iteration, t, value]]}``:
   server trials' come from their jobs' events files), ``checkpoint`` its latest (imported trials).
@@ -78,3 +80,17 @@ CREATE INDEX decisions_experiment ON decisions(experiment_id, seq)
 """
 
 EXPERIMENT_OWNER = "ALTER TABLE experiments ADD COLUMN owner TEXT NOT NULL DEFAULT 'admin'"
+
+# The trials' states in Tune's names (trainforge.client.TrialState), as trial_state derives them: a
+# pruned or completed trial is TERMINATED; a stopped one PENDING when the tuner was interrupted
+# (Tuner.restore continues it), else ERROR (stopped on the server, not by the tuner).
+TRIAL_STATES_OF_TUNE = """
+UPDATE trials SET state = CASE state
+    WHEN 'queued' THEN 'PENDING'
+    WHEN 'running' THEN 'RUNNING'
+    WHEN 'completed' THEN 'TERMINATED'
+    WHEN 'pruned' THEN 'TERMINATED'
+    WHEN 'errored' THEN 'ERROR'
+    WHEN 'stopped' THEN CASE WHEN json_extract(reason, '$.kind') = 'interrupted' THEN 'PENDING' ELSE 'ERROR' END
+    ELSE state END
+"""

@@ -30,7 +30,8 @@ _TRIAL = frozenset({"experiment_id", "trial_id", "name", "config", "jobs", "job_
                     "started_at", "ended_at", "rev"})  # fmt: skip
 _DECISION = frozenset({"experiment_id", "trial_id", "job_id", "ts", "kind", "iteration", "detail", "rev"})
 # The columns of a trial that an experiment's summary takes.
-_SUMMARY = "experiment_id, trial_id, state, last, job_id, checkpoint, config, started_at, ended_at"
+_SUMMARY = ("experiment_id, trial_id, state, json_extract(reason, '$.kind') AS kind, last, job_id, checkpoint, config, "
+            "started_at, ended_at")
 _IS_TRIAL_JOB = "json_extract(spec, '$.experiment.path') IS NOT NULL"
 
 
@@ -175,8 +176,9 @@ class ExperimentRows:
         return self._store.query("SELECT * FROM experiments ORDER BY id DESC")
 
     def trial_summaries(self, experiment_id: int | None = None) -> list[Row]:
-        """The summary columns (``experiment_id, trial_id, state, last, job_id, checkpoint, config,
-        started_at, ended_at``) of the experiment's trials (None: every experiment's)."""
+        """The summary columns (``experiment_id, trial_id, state, kind`` (why it ended: its reason's),
+        ``last, job_id, checkpoint, config, started_at, ended_at``) of the experiment's trials (None:
+        every experiment's)."""
         if experiment_id is None:
             return self._store.query(f"SELECT {_SUMMARY} FROM trials")
         return self._store.query(f"SELECT {_SUMMARY} FROM trials WHERE experiment_id = ?", (experiment_id,))
@@ -213,7 +215,10 @@ class ExperimentRows:
                                 f"({_marks(active)})", (experiment_id, *active))[0]  # fmt: skip
         return int(row[0]), (int(row[1]) if row[1] is not None else None)
 
-    def results(self, experiment_id: int, state: str) -> list[Row]:
-        """``config, last`` of the experiment's trials in ``state`` that reported its metric."""
-        return self._store.query("SELECT config, last FROM trials WHERE experiment_id = ? AND state = ? "
-                                 "AND last IS NOT NULL", (experiment_id, state))  # fmt: skip
+    def results(self, experiment_id: int, state: str, *, but_kind: str | None = None) -> list[Row]:
+        """``config, last`` of the experiment's trials in ``state`` that reported its metric (but those
+        whose reason is of the kind ``but_kind``)."""
+        sql = "SELECT config, last FROM trials WHERE experiment_id = ? AND state = ? AND last IS NOT NULL"
+        if but_kind is None:
+            return self._store.query(sql, (experiment_id, state))
+        return self._store.query(sql + " AND json_extract(reason, '$.kind') IS NOT ?", (experiment_id, state, but_kind))

@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import sqlite3
 
-from trainforge.server.store.experiment_tables import EXPERIMENT_OWNER, EXPERIMENT_TABLES
+from trainforge.server.store.experiment_tables import (
+    EXPERIMENT_OWNER,
+    EXPERIMENT_TABLES,
+    TRIAL_STATES_OF_TUNE,
+)
 from trainforge.server.store.team_tables import ISOLATION_TABLES, TEAM_TABLES
 
 MIGRATIONS: dict[int, str] = {
@@ -65,6 +69,7 @@ MIGRATIONS: dict[int, str] = {
     4: TEAM_TABLES,  # users, jobs' owners, audit, fair-share usage, preemption (trainforge.server.store.team_tables)
     5: EXPERIMENT_OWNER,  # who imported an experiment (trainforge.server.store.experiment_tables)
     6: ISOLATION_TABLES,  # users' uids, jobs' credentials (trainforge.server.store.team_tables)
+    7: TRIAL_STATES_OF_TUNE,  # trials' states in Tune's names (trainforge.server.store.experiment_tables)
 }
 SCHEMA_VERSION = max(MIGRATIONS)  # the newest migration: each adds its own key
 

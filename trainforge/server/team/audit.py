@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from trainforge._internal.constants import API_PREFIX
+from trainforge._internal.http import SAFE_METHODS
 from trainforge.server.store.audit import AuditRowsRefused
 from trainforge.server.store.database import JobStore
 from trainforge.server.team.users import Principal
@@ -31,8 +33,7 @@ from trainforge.server.team.users import Principal
 logger = logging.getLogger(__name__)
 
 FLUSH_S = 0.25
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-_SUBMIT_PATH = "/api/v1/jobs"
+_SUBMIT_PATH = API_PREFIX + "/jobs"
 _DETAIL_MAX = 500
 
 

@@ -125,7 +125,7 @@ export function drawCurves(canvas, trials, color, { xLabel = "iteration", log = 
   let drawn = 0;
   for (const [id, c] of Object.entries(trials)) {
     ctx.strokeStyle = color(id);
-    ctx.lineWidth = c.state === "pruned" ? 1 : 1.5;
+    ctx.lineWidth = c.pruned ? 1 : 1.5;
     ctx.beginPath();
     let pen = false;
     let last = null;
@@ -137,7 +137,7 @@ export function drawCurves(canvas, trials, color, { xLabel = "iteration", log = 
       last = [x, y];
     });
     ctx.stroke();
-    if (last && c.state === "pruned") { // where the scheduler stopped it: a cross
+    if (last && c.pruned) { // where the scheduler stopped it: a cross
       const [px, py] = [sx(last[0]), sy(last[1])];
       ctx.lineWidth = 2;
       ctx.beginPath(); ctx.moveTo(px - 5, py - 5); ctx.lineTo(px + 5, py + 5); ctx.moveTo(px + 5, py - 5); ctx.lineTo(px - 5, py + 5);

@@ -12,6 +12,7 @@ const pageData = JSON.parse(main.dataset.page || "{}");
 // The trial states, from the server (the experiment page's data): no copy of their names here.
 const TRIAL_STATES = pageData.trial_states || [];
 const ACTIVE = new Set(pageData.active_trial_states || []);
+const PRUNED_AMONG = pageData.pruned_among; // the state whose count says how many of them were pruned
 
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 const fmt = (v) => (v === null || v === undefined ? "" : typeof v === "number" ? (Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(4)))) : String(v));
@@ -172,7 +173,7 @@ function experimentPage() {
     const useT = xSelect.value === "t";
     const series = Object.fromEntries(ids.map((id) => {
       const c = curveData.trials[id];
-      return [id, { x: useT ? c.t : c.i, y: c.v, state: c.state }];
+      return [id, { x: useT ? c.t : c.i, y: c.v, state: c.state, pruned: c.pruned }];
     }));
     drawCurves(document.getElementById("curves"), series, (id) => scale.color(valueFor(id)), { xLabel: useT ? "seconds" : "iteration" });
     scale.legend(document.getElementById("curve-legend"));
@@ -207,7 +208,7 @@ function experimentPage() {
     document.getElementById("best").innerHTML = b ? ` · best ${esc(metric)} <b>${esc(fmt(b.value))}</b> (trial ${esc(b.trial_id)}`
       + `${b.job !== null ? `, <a href="/jobs/${b.job}">job ${b.job}</a>` : ""})` : "";
     document.getElementById("counts").innerHTML = TRIAL_STATES.filter((s) => exp.counts[s])
-      .map((s) => `<span class="tstate t-${s}">${exp.counts[s]} ${s}</span>`).join(" ");
+      .map((s) => `<span class="tstate t-${s}">${exp.counts[s]} ${s}${s === PRUNED_AMONG && exp.pruned ? ` (${exp.pruned} pruned)` : ""}</span>`).join(" ");
   }
 
   const ended = debounce(() => { loadImportance(); loadHistory(); drawParcoords(); loadCurves(); }, 800);

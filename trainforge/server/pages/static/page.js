@@ -1,7 +1,8 @@
 // What every dashboard page's script shares: the API's address and its JSON calls, the notice box,
 // the pages' event streams and their live dot. Loaded as a module by dashboard.js and experiments.js.
 
-export const API = "/api/v1";
+// Where the API is, from the server (every page's data-api): no copy of it in the scripts.
+export const API = document.getElementById("page")?.dataset.api;
 
 // The job states and event types, from the server (its JobState and JobEvent enums, in every page's
 // data-states): no copy of their names in the scripts.

@@ -1,4 +1,4 @@
-// The pages' copy of trainforge/server/_display.py's rule for bytes (the CLI and the server-rendered
+// The pages' copy of trainforge/_internal/amounts.py's rule for bytes (the CLI and the server-rendered
 // pages use that one; a browser test checks that the two agree): 512 B, 10.2 KiB, 21.5 GiB. Rounded
 // half up by the same arithmetic as there.
 const BYTE_UNITS = ["KiB", "MiB", "GiB", "TiB", "PiB"];
