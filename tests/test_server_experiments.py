@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
 
 import pytest
 
@@ -334,7 +335,8 @@ def test_reading_an_experiment_writes_nothing_its_trials_are_written_as_their_jo
     commit = store._transaction
 
     def counted(work):
-        writes.append(work)
+        if threading.current_thread().name != "tf-audit":  # the audit of an earlier POST, flushed behind it
+            writes.append(work)
         return commit(work)
 
     monkeypatch.setattr(store, "_transaction", counted)
