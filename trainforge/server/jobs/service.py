@@ -6,16 +6,16 @@ Every change is written to the :class:`~trainforge.server.store.database.JobStor
 (the grant before the runner starts; the runner's pid and start time as soon as it exists), so a
 server killed at any point finds on restart what it had started.
 
-Its collaborators: the waiting jobs in start order (``_waiting``), the job directories
-(``_job_files``), launching a runner (``_launch``: its environment, sandbox, credential and cgroup),
-the runner processes (``_processes``: starting, waiting, adopting, killing), the events tailer
-(``_tailer``), the elastic jobs' sizes (``_elastic``), how a run ended (``_outcome``), the usage
-sampler (``_usage``), the scheduling rules' side (``scheduling``: the
+Its collaborators: the waiting jobs in start order (``scheduling.waiting``), the job directories
+(``files``), launching a runner (``launch``: its environment, sandbox, credential and cgroup), the
+runner processes (``processes``: starting, waiting, adopting, killing), the events tailer
+(``tailer``), the elastic jobs' sizes (``elastic``), how a run ended (``outcome``), the usage
+sampler (``usage``), the scheduling rules' side (``scheduling``: the
 :class:`~trainforge.server.scheduling.ledger.ResourceLedger`, the only owner of what running jobs
 hold, which GPUs and whose usage; the policies; the preemption executor; the counters; the alarm
 that decides again at the next moment a time-based rule could change the answer, such as a
-preemptible job passing its exemption) and, for a server a team shares, its users (``_users``) and
-their jobs' sandboxes (``_sandboxes``).
+preemptible job passing its exemption) and, for a server a team shares, its users
+(``team.users``) and their jobs' sandboxes (``sandboxes``).
 
 Threads: the API's (any number) call the public methods; one waiter per runner (``Popen.wait`` for
 a runner this server started, a pidfd for one it reattached); one tailer that reads the runners'
