@@ -302,9 +302,14 @@ def git_commit() -> str:
         if out.returncode != 0:
             return "uncommitted"
         commit = out.stdout.strip()
+        # "-dirty": the code that ran differs from the commit. The benchmarks' own results and the pages
+        # made from them do not count (running one benchmark rewrites its JSON, which made every later
+        # one "-dirty"), nor do untracked files.
         dirty = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True
-        )
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+             ":(exclude)bench/results", ":(exclude)docs/benchmarks"],
+            cwd=REPO_ROOT, capture_output=True, text=True,
+        )  # fmt: skip
         return commit + ("-dirty" if dirty.stdout.strip() else "")
     except OSError:
         return "uncommitted"

@@ -27,6 +27,7 @@ Results go to ``bench/results/dashboard.json``.
 from __future__ import annotations
 
 import argparse
+import datetime
 import gzip
 import os
 import shutil
@@ -161,7 +162,8 @@ def main() -> int:
 
     work = tempfile.mkdtemp(prefix="tf-bench-dash-")
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
-    res: dict[str, Any] = {"settings": vars(args), "commit": git_commit(), "machine": machine_info()}
+    res: dict[str, Any] = {"settings": vars(args), "commit": git_commit(), "machine": machine_info(),
+                           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     session = BrowserSession.start()
     srv = None
     try:

@@ -353,6 +353,7 @@ def test_page_code_runs(page: Path, tmp_path, monkeypatch):
         pytest.fail(f"{_rel(page)} uses the default ports {busy}, which something on this machine holds "
                     "(a trainforge server of yours? `trainforge server stop`); free them and rerun")  # fmt: skip
     clone = clone_checkout(tmp_path / "clone")
+    before = _files(clone)
     monkeypatch.chdir(clone)
     marker = uuid.uuid4().hex
     monkeypatch.setenv(MARKER_ENV, marker)  # so processes the page's python blocks start carry it too
@@ -393,6 +394,27 @@ def test_page_code_runs(page: Path, tmp_path, monkeypatch):
     print(f"{_rel(page)}: {ran} block(s) ran, {len(skipped)} skipped; the shell's output:\n{session.tail(10**6)}")
     assert not killed, f"{_rel(page)} left processes behind (killed now): {killed}"
     assert ran, f"{_rel(page)}: no block ran"
+    if str(page.relative_to(DOCS)) in LEAVES_NOTHING:
+        left = _not_ignored(sorted(_files(clone) - before))
+        assert not left, f"{_rel(page)} leaves files in the checkout that git would show as untracked: {left}"
+
+
+# Pages a reader follows in their own checkout: they write nothing there that `git status` would show.
+LEAVES_NOTHING = {"tutorial.md"}
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and ".venv" not in p.relative_to(root).parts}
+
+
+def _not_ignored(paths: list[str]) -> list[str]:
+    """Those of ``paths`` (relative to the checkout) that the checkout's .gitignore does not ignore."""
+    if not paths:
+        return []
+    proc = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=REPO, input="\n".join(paths),
+                          capture_output=True, text=True)  # fmt: skip
+    ignored = set(proc.stdout.split("\n"))
+    return [p for p in paths if p not in ignored]
 
 
 def _load_gen_docs() -> Any:
@@ -452,6 +474,12 @@ def test_site_builds_strictly(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "WARNING" not in proc.stderr, proc.stderr
     assert (tmp_path / "site" / "tutorial" / "index.html").is_file()
+    external = re.compile(r"""<(?:link|script|img|iframe)\b[^>]*\b(?:href|src)=["']?(?:https?:)?//""", re.I)
+    loads = {str(page.relative_to(tmp_path / "site")): external.findall(page.read_text(errors="replace"))
+             for page in (tmp_path / "site").rglob("*.html")}  # fmt: skip
+    assert not {k: v for k, v in loads.items() if v}, "pages load resources from elsewhere (read offline, they fail)"
+    reference = (tmp_path / "site" / "reference" / "index.html").read_text()
+    assert "stylesheets/extra.css" in reference  # its table's names are kept whole (docs/stylesheets/extra.css)
 
 
 def _slug(heading: str) -> str:
@@ -474,6 +502,58 @@ def _anchors(page: Path) -> set[str]:
         elif not in_fence and line.startswith("#"):
             anchors.add(_slug(line.lstrip("#").strip()))
     return anchors
+
+
+def test_every_page_is_in_the_nav_once():
+    import yaml
+
+    def pages(node: Any) -> list[str]:
+        if isinstance(node, str):
+            return [node]
+        if isinstance(node, list):
+            return [p for item in node for p in pages(item)]
+        if isinstance(node, dict):
+            return [p for value in node.values() for p in pages(value)]
+        return []
+
+    listed = pages(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"])
+    twice = sorted({p for p in listed if listed.count(p) > 1})
+    assert not twice, f"pages listed more than once in mkdocs.yml's nav: {twice}"
+
+
+def test_the_docs_name_no_tool_of_the_developers_environment():
+    """The docs are for users: no word of the tools the project's own sessions have (a lent machine's
+    device tool, its library) that a user cannot run."""
+    words = ("device tool", "give_back", "KINDS.md", ".library", "budget_left")
+    found = [(str(p.relative_to(REPO)), w) for p in sorted(DOCS.rglob("*.md")) for w in words if w in p.read_text()]
+    assert not found, found
+
+
+def test_a_benchmark_is_dirty_only_when_the_code_that_ran_differs(tmp_path, monkeypatch):
+    """Running a benchmark rewrites its own JSON: that (and the pages made from it) must not mark the
+    next benchmark's commit ``-dirty``; a change to the code must."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import _common
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    repo = tmp_path / "repo"
+    for d in ("bench/results", "docs/benchmarks", "trainforge"):
+        (repo / d).mkdir(parents=True)
+    (repo / "bench/results/x.json").write_text("{}")
+    (repo / "docs/benchmarks/x.md").write_text("x")
+    (repo / "trainforge/a.py").write_text("a = 1")
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], cwd=repo, check=True)
+    monkeypatch.setattr(_common, "REPO_ROOT", str(repo))
+    (repo / "bench/results/x.json").write_text('{"new": 1}')
+    (repo / "docs/benchmarks/x.md").write_text("y")
+    (repo / "notes.txt").write_text("untracked")
+    assert not _common.git_commit().endswith("-dirty")
+    (repo / "trainforge/a.py").write_text("a = 2")
+    assert _common.git_commit().endswith("-dirty")
 
 
 def test_readme_is_short_and_its_links_resolve():
