@@ -51,3 +51,34 @@ def test_the_server_records_the_runners_failure_class(tmp_path):
             assert (fields["state"], fields["failure_class"], requeue) == (state, failure, False)
     finally:
         store.close()
+
+
+def test_a_job_stopped_because_its_run_is_complete_ends_succeeded(tmp_path):
+    """A tuner stops a trial's job that met its stop criteria with ``complete`` (issue 36: such trial
+    jobs all showed STOPPED, exit 130): it ends SUCCEEDED, whether its runner wrote that it was stopped
+    or was killed at the end of the grace period; a plain stop still ends STOPPED."""
+    import dataclasses
+
+    from trainforge.client import JobState
+    from trainforge.server.jobs.outcome import run_ended
+    from trainforge.server.store.database import JobStore
+
+    store = JobStore(str(tmp_path / "state.db"))
+    try:
+        job, _ = store.add_job(name="j", kind="script", spec={"kind": "script", "path": "/x.py"})
+        stopping = dataclasses.replace(job, state=JobState.STOPPING, pid=1)
+        for complete, state, failure in [(True, JobState.SUCCEEDED, None), (False, JobState.STOPPED, FailureClass.STOPPED)]:
+            row = dataclasses.replace(stopping, complete_on_stop=complete)
+            for outcome in (RunOutcome.stopped(), None):  # what it wrote, or killed after the grace period
+                ((_, _, payload, fields),), requeue = run_ended(row, outcome, -9, 1.0)
+                assert (fields["state"], fields["failure_class"], requeue) == (state, failure, False), (complete, outcome)
+                assert payload.get("complete", False) is complete
+        failed = run_ended(dataclasses.replace(stopping, complete_on_stop=True),
+                           RunOutcome.failed(FailureClass.USER_ERROR, "boom"), 1, 1.0)[0][0][3]  # fmt: skip
+        # An error while it stops is the interrupt's (as for any stop, where it counts as STOPPED): complete.
+        assert failed["state"] == JobState.SUCCEEDED
+        # The stored flag survives a restart of the server (migration 8) and is cleared when the job runs again.
+        store.update(job.id, None, None, complete_on_stop=True)
+        assert store.get(job.id).complete_on_stop is True
+    finally:
+        store.close()

@@ -114,11 +114,12 @@ def test_stopped_trials_end_their_jobs_and_a_failing_trial_is_an_error(train_ser
 
     client = train_server.client()
     states = {j.name.rpartition("/")[2]: j.state for j in client.jobs()}
-    expect = {t.name: "FAILED" if t.config["fail"] else "STOPPED" for t in tuner.last_controller.trials}
+    # The stop criteria ended two: they ran to their end, so their jobs are SUCCEEDED (stopped by the tuner
+    # with `complete`), not STOPPED as a job someone stopped (issue 36).
+    expect = {t.name: "FAILED" if t.config["fail"] else "SUCCEEDED" for t in tuner.last_controller.trials}
     assert states == expect
     assert client.resources()["granted"] == {}  # every stopped job gave its CPU back
-    # The stop criteria ended two (jobs STOPPED by the tuner): TERMINATED, as Ray shows them, in every
-    # view; the failed one is ERROR in every view.
+    # Those two are TERMINATED, as Ray shows them, in every view; the failed one is ERROR in every view.
     assert _states_in_every_view(train_server, tuner, grid) == {"TERMINATED", "ERROR"}
     assert sorted(r.state for r in grid) == ["ERROR", "TERMINATED", "TERMINATED"]
     assert train_server.job_processes() == []

@@ -172,9 +172,12 @@ class Job:
             params = {k: v for k, v in params.items() if k != "tail"}
             params["offset"] = chunk["next_offset"]
 
-    def stop(self, *, grace_s: float | None = None, force: bool = False) -> JobStatus:
-        """Stop it (as Ctrl-C; SIGKILL with ``force``): returns once all its processes are gone."""
+    def stop(self, *, grace_s: float | None = None, force: bool = False, complete: bool = False) -> JobStatus:
+        """Stop it (as Ctrl-C; SIGKILL with ``force``): returns once all its processes are gone.
+        ``complete``: its run is complete (as a tuner's stop criteria say): it ends SUCCEEDED, not STOPPED."""
         body: dict[str, Any] = {"force": force}
+        if complete:
+            body["complete"] = True
         if grace_s is not None:
             body["grace_s"] = grace_s
         return JobStatus.from_json(self.client.request("POST", f"/jobs/{self.id}/stop", json=body))

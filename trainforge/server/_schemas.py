@@ -206,6 +206,9 @@ class StopIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     grace_s: float | None = Field(default=None, ge=0, le=3600, allow_inf_nan=False)
     force: bool = False
+    complete: bool = Field(default=False, description=(
+        "the run is complete (a tuner's stop criteria met, a trial's max_t reached): once stopped, the job "
+        "ends SUCCEEDED rather than STOPPED"))
 
 
 class LogsOut(BaseModel):

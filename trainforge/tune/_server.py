@@ -32,6 +32,7 @@ from trainforge.client import (
     JobStatus,
     ServerError,
     ServerNotFoundError,
+    TrialDecision,
     discover,
 )
 from trainforge.tune._experiment_info import decision_body
@@ -163,8 +164,11 @@ class ServerRun:
                 self.client.request("POST", f"/jobs/{self.job.id}/decisions", json=decision_body(decision))
             except (ServerError, ServerNotFoundError) as exc:  # an older server (404), or one gone: the stop matters more
                 logger.debug("tune: job %s: the server did not take the decision %s: %s", self.job.id, decision, exc)
+        # A trial that met its stop criteria or used its budget ran to its end (Ray: TERMINATED): its job
+        # ends SUCCEEDED. One the scheduler pruned, or the tuner stopped for any other reason, ends STOPPED.
+        complete = decision is not None and decision.get("kind") in (TrialDecision.STOPPER, TrialDecision.MAX_T)
         try:
-            self.job.stop(grace_s=self.grace_s)
+            self.job.stop(grace_s=self.grace_s, complete=complete)
         except JobConflictError:
             pass  # it has ended meanwhile
         except (ServerError, ServerNotFoundError) as exc:  # the iteration reports a server lost for good
@@ -181,7 +185,7 @@ class ServerRun:
             return self._so_far(status, RuntimeError(
                 f"job {self.job.id} {status.state}; its Result does not unpickle here "
                 f"({type(exc).__name__}: {exc}): see `trainforge logs {self.job.id}`"))  # fmt: skip
-        if status.state == JobState.STOPPED and self._stopper is not None:
+        if status.state in (JobState.STOPPED, JobState.SUCCEEDED) and self._stopper is not None:
             return self._so_far(status, None)  # the tuner stopped it: the run so far, as a local stop()
         if status.state == JobState.STOPPED:
             return self._so_far(status, RuntimeError(

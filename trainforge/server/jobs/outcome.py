@@ -5,7 +5,9 @@ preempted goes back to the queue (unless it had just succeeded). A job whose run
 (the server died after recording it STARTING, before its runner's pid: no runner found alive at
 restart, no outcome) goes back to the queue as it was, its attempt not counted: that spends no
 retry, and a job with ``max_retries=0`` still runs once. A job whose files are incomplete never
-runs: it fails, saying what is missing (:func:`broken`)."""
+runs: it fails, saying what is missing (:func:`broken`). A job stopped because its run is complete
+(``complete_on_stop``: a tuner's stop criteria met, a trial's ``max_t`` reached, as Ray Tune counts
+such a trial TERMINATED) ends SUCCEEDED, not STOPPED: its run did what it was asked to."""
 
 from __future__ import annotations
 
@@ -47,12 +49,16 @@ def run_ended(job: JobRow, outcome: RunOutcome | None, returncode: int | None, n
             FailureClass.STOPPED if state == JobState.STOPPED else None
         )  # fmt: skip
         payload = {"exit_code": outcome.exit_code, "error": outcome.error}
+        if state == JobState.STOPPED and job.complete_on_stop:
+            state, failure, payload["complete"] = JobState.SUCCEEDED, None, True
         fields = {"state": state, "exit_code": outcome.exit_code, "error": outcome.error, "failure_class": failure,
                   **common}  # fmt: skip
         return [(job.id, JobEvent.ENDED, payload, fields)], False
     if job.state == JobState.STOPPING:
-        fields = {"state": JobState.STOPPED, "exit_code": returncode, "failure_class": FailureClass.STOPPED, **common}
-        return [(job.id, JobEvent.ENDED, {"exit_code": returncode, "killed": True}, fields)], False
+        state, failure = (JobState.SUCCEEDED, None) if job.complete_on_stop else (JobState.STOPPED, FailureClass.STOPPED)
+        fields = {"state": state, "exit_code": returncode, "failure_class": failure, **common}
+        payload = {"exit_code": returncode, "killed": True, **({"complete": True} if job.complete_on_stop else {})}
+        return [(job.id, JobEvent.ENDED, payload, fields)], False
     if job.state == JobState.STARTING and job.pid is None:  # the server died before starting its runner
         attempt = max(0, job.attempt - 1)
         payload = {"attempt": attempt, "max_retries": job.max_retries, "not_started": True}

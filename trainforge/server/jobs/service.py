@@ -315,11 +315,12 @@ class JobService:
         self.files.remove(job_id)
 
     # -- stopping ---------------------------------------------------------------------------------
-    def stop(self, job_id: int, *, grace_s: float | None = None, force: bool = False) -> JobRow:
+    def stop(self, job_id: int, *, grace_s: float | None = None, force: bool = False, complete: bool = False) -> JobRow:
         """Stop a job. A waiting one is cancelled at once. A running one is sent SIGINT (as Ctrl-C:
         its workers stop, committed checkpoints stay), or SIGKILL with ``force``; whatever is left of
         it after ``grace_s`` is killed. Returns once every process of the job is gone and its grant
-        is released."""
+        is released. ``complete``: its run is complete (a tuner's stop criteria, a trial's budget): it
+        ends SUCCEEDED once stopped (a waiting one is cancelled, STOPPED: it never ran)."""
         grace = self.stop_grace_s if grace_s is None else grace_s
         with self._lock:
             job = self.get(job_id)
@@ -336,8 +337,9 @@ class JobService:
             runner = self.processes.runners.get(job_id)
             self.ledger.stopping(job_id)
             if job.state != JobState.STOPPING or job.preempting:  # stopped while preempted: it ends STOPPED
-                self.store.update(job_id, JobEvent.STOPPING, {"grace_s": grace, "force": force}, state=JobState.STOPPING,
-                                  preempted_at=None if job.preempting else job.preempted_at)  # fmt: skip
+                self.store.update(job_id, JobEvent.STOPPING, {"grace_s": grace, "force": force, "complete": complete},
+                                  state=JobState.STOPPING, preempted_at=None if job.preempting else job.preempted_at,
+                                  complete_on_stop=complete)  # fmt: skip
                 crash_point("stop:stopping")
         if runner is None:  # STARTING without a runner yet cannot happen under the lock; be safe
             self.processes.kill_job(job_id)
@@ -424,7 +426,7 @@ class JobService:
         self.store.update(
             job_id, JobEvent.STARTING, {"workers": workers, "grant": grant, "gpu_ids": gpu_ids, "attempt": attempt},
             state=JobState.STARTING, grant=grant, workers=workers, gpu_ids=gpu_ids, attempt=attempt,
-            started_at=time.time(), ended_at=None, exit_code=None, error=None, failure_class=None, pid=None,
+            started_at=time.time(), ended_at=None, exit_code=None, error=None, failure_class=None, pid=None, complete_on_stop=False,
         )  # fmt: skip
         crash_point("start:granted")
         try:

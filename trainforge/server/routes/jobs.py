@@ -85,7 +85,7 @@ def patch_job(service: Service, caller: Caller, job_id: JobId, change: PatchIn) 
 @router.post("/jobs/{job_id}/stop", response_model=JobOut, responses=ERRORS)
 def stop_job(service: Service, job_id: JobId, body: Annotated[StopIn | None, Body()] = None) -> JobOut:
     body = body or StopIn()
-    return job_out_for(service, service.stop(job_id, grace_s=body.grace_s, force=body.force))
+    return job_out_for(service, service.stop(job_id, grace_s=body.grace_s, force=body.force, complete=body.complete))
 
 
 @router.post("/jobs/{job_id}/retry", response_model=JobOut, responses=ERRORS)

@@ -43,6 +43,7 @@ class JobRow:
     preemptible: bool = False
     preempted_at: float | None = None  # when it was last asked to give its resources back
     preemptions: int = 0
+    complete_on_stop: bool = False  # asked to stop because its run is complete: it ends SUCCEEDED
 
     @property
     def preempting(self) -> bool:
@@ -55,6 +56,7 @@ class JobRow:
     def from_sql(cls, row: sqlite3.Row) -> JobRow:
         d = dict(row)
         d["preemptible"] = bool(d.get("preemptible"))
+        d["complete_on_stop"] = bool(d.get("complete_on_stop"))
         d["spec"] = json.loads(d["spec"])
         d["state"] = JobState(d["state"])
         grant = d.pop("grant_json")
@@ -80,5 +82,5 @@ JSON_COLUMNS = {"spec", "grant_json", "gpu_ids", "last_metrics"}
 COLUMNS = {  # what JobStore.update may set ("grant" is stored as grant_json)
     "name", "state", "priority", "started_at", "ended_at", "attempt", "max_retries", "grant_json", "workers",
     "gpu_ids", "pid", "pid_start_time", "run_path", "exit_code", "failure_class", "error", "events_offset",
-    "last_metrics", "reports", "spec", "preempted_at", "preemptions",
+    "last_metrics", "reports", "spec", "preempted_at", "preemptions", "complete_on_stop",
 }  # fmt: skip

@@ -70,6 +70,9 @@ MIGRATIONS: dict[int, str] = {
     5: EXPERIMENT_OWNER,  # who imported an experiment (trainforge.server.store.experiment_tables)
     6: ISOLATION_TABLES,  # users' uids, jobs' credentials (trainforge.server.store.team_tables)
     7: TRIAL_STATES_OF_TUNE,  # trials' states in Tune's names (trainforge.server.store.experiment_tables)
+    # A stop that completes the run (POST /jobs/{id}/stop {"complete": true}: a tuner's stop criteria or a
+    # trial's max_t reached): the job ends SUCCEEDED, not STOPPED (trainforge.server.jobs.outcome).
+    8: "ALTER TABLE jobs ADD COLUMN complete_on_stop INTEGER NOT NULL DEFAULT 0",
 }
 SCHEMA_VERSION = max(MIGRATIONS)  # the newest migration: each adds its own key
 
