@@ -306,10 +306,12 @@ def test_trials_a_server_before_tunes_names_stored_are_read_in_them(tmp_path):
     import sqlite3
 
     from trainforge.server.store.database import JobStore
+    from trainforge.server.store.migrations import MIGRATIONS
 
     path = str(tmp_path / "state.db")
-    JobStore(path).close()
-    conn = sqlite3.connect(path)
+    conn = sqlite3.connect(path)  # the schema an older server left: migrations 1-6
+    for n in range(1, 7):
+        conn.executescript(MIGRATIONS[n])
     old = {"q": ("queued", None), "r": ("running", None), "c": ("completed", "max_t"), "p": ("pruned", "pruned"),
            "e": ("errored", "error"), "i": ("stopped", "interrupted"), "s": ("stopped", "stopped")}  # fmt: skip
     for trial_id, (state, kind) in old.items():
@@ -318,7 +320,7 @@ def test_trials_a_server_before_tunes_names_stored_are_read_in_them(tmp_path):
     conn.execute("PRAGMA user_version=6")
     conn.commit()
     conn.close()
-    JobStore(path).close()
+    JobStore(path).close()  # migrates it from 6 on
     conn = sqlite3.connect(path)
     states = dict(conn.execute("SELECT trial_id, state FROM trials").fetchall())
     conn.close()
@@ -384,3 +386,29 @@ def test_trial_jobs_a_stopped_server_had_not_taken_in_are_taken_in_when_it_start
         assert trials["a"]["iterations"] == 1
     finally:
         again.close()
+
+
+def test_a_pruned_trials_figures_stop_at_the_decision_in_every_view(api):
+    """Issue 36: a pruned trial showed its job's last report (epoch 2) in the job's row, `trainforge
+    status` and Compare, but its numbers at the decision (iteration 1) on the experiment page. One rule:
+    the job's figures are its trial's at the decision, whether its later reports were read in before
+    the decision came or after (the job runs on until the stop reaches it)."""
+    job = api.submit(name="asha/objective_p", config={"x": 0.5}, experiment={**TAG, "trial_id": "p"})["id"]
+    path = os.path.join(api.service.job_dir(job), EVENTS_FILE)
+
+    def report(i: int, loss: float) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps({"type": "report", "index": i, "t": 1000.0 + i, "metrics": {"loss": loss, "step": i}}) + "\n")
+        api.service.tailer.ingest(job)  # the server's tailer reads it in
+
+    report(0, 0.72)
+    report(1, 0.83)  # read in before the tuner's decision at iteration 1 arrives
+    assert api.get(f"{P}/jobs/{job}").json()["last_metrics"]["loss"] == 0.83
+    _decide(api, job, kind="pruned", iteration=1)
+    report(2, 0.91)  # the job ran on until the stop reached it
+    figures = api.get(f"{P}/jobs/{job}").json()["last_metrics"]
+    listed = next(j for j in api.get(f"{P}/jobs").json()["jobs"] if j["id"] == job)["last_metrics"]
+    trial = _trials(api)["p"]
+    assert figures == listed == {"loss": 0.72, "step": 0}
+    assert (trial["last"], trial["iterations"]) == (0.72, 1)
+    assert api.get(f"{P}/jobs/{job}").json()["reports"] == 3  # the job did report three times

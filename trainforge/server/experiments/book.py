@@ -106,8 +106,10 @@ class Experiments:
         self._trial_jobs: set[int] = set()  # every trial's latest job: the jobs whose changes a trial follows
         self._rev: int | None = None
         self._warmed = False
+        self._cuts: dict[int, int | None] = {}  # job id -> its trial's cut (None: none), as the tailer asks
         if service is not None:
             service.store.watch(self._on_jobs_changed)
+            service.tailer.cut_of = self.known_cut
             self.catch_up()
 
     @property
@@ -276,11 +278,22 @@ class Experiments:
                                  iterations=stats.iterations, last=stats.last, best=stats.best, best_at=stats.best_at,
                                  rev=rev, **({"metrics": json.dumps(stats.metrics)} if stats.metrics else {}))  # fmt: skip
                 writes.add_job_event(job_id, JobEvent.TUNE_DECISION, {"trial_id": row["trial_id"], **reason})
+                if d.iteration is not None:  # the job's figures are its trial's at the decision, in every view
+                    writes.set_job_metrics(job_id, stats.metrics or None)
                 return seq
 
             seq = self.store.experiments.change(work)
+            if d.iteration is not None:
+                self._cuts[job_id] = d.iteration
         return DecisionOut(seq=seq, experiment_id=row["experiment_id"], trial_id=row["trial_id"], job_id=job_id, ts=ts,
                            kind=d.kind, iteration=reason.get("iteration"), detail=reason, rev=rev)  # fmt: skip
+
+    def known_cut(self, job_id: int) -> int | None:
+        """:meth:`cut_of`, read from the store once per job (the tailer asks at each read of a job's
+        reports) and kept as :meth:`record` moves it."""
+        if job_id not in self._cuts:
+            self._cuts[job_id] = self.cut_of(job_id)
+        return self._cuts[job_id]
 
     def cut_of(self, job_id: int) -> int | None:
         """Where a tuner's stop decision ended the trial job ``job_id`` runs (its iteration in the job),

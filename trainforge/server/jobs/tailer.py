@@ -38,6 +38,9 @@ class EventsTailer:
         self._get_job = get_job
         self._offsets: dict[int, int] = {}
         self._locks: dict[int, threading.Lock] = {}
+        # Where a tuner's decision ended the trial a job runs (its reports past that iteration are not the
+        # trial's, so they do not become the job's figures, ``last_metrics``): the experiments book sets it.
+        self.cut_of: Callable[[int], int | None] = lambda job_id: None
 
     def track(self, job_id: int, offset: int) -> None:
         """Read the job's file on from ``offset`` (the stored one) unless it is read already."""
@@ -53,17 +56,21 @@ class EventsTailer:
             offset = self._offsets.get(job_id)
             if offset is None:
                 offset = self._offsets[job_id] = self._get_job(job_id).events_offset
-            events, new_offset = read_events(self._events_path(job_id), offset)
+            lines, new_offset = read_events(self._events_path(job_id), offset)
             if new_offset == offset:
                 return sized  # no complete line yet
+            events = list(lines)
             changes: list[Change] = []
             fields: dict[str, Any] = {}
             reports = 0
+            cut = self.cut_of(job_id) if any(e.get("type") == EventType.REPORT for e in events) else None
             for event in events:
                 kind = event.get("type")
                 if kind == EventType.REPORT:
                     reports += 1
-                    fields["last_metrics"] = event.get("metrics")
+                    index = event.get("index")
+                    if cut is None or not isinstance(index, int) or index < cut:
+                        fields["last_metrics"] = event.get("metrics")
                     sized.world, sized.news = len(event.get("all_metrics") or ()) or None, True
                 elif kind == EventType.RUN_START:
                     run_path = event.get("run_path")

@@ -224,13 +224,15 @@ class JobStore:
 
         def work(conn: sqlite3.Connection) -> None:
             for job_id, event, payload, fields in changes:
-                self._apply(conn, job_id, event, payload, fields)
+                self.apply(conn, job_id, event, payload, fields)
 
         self._transaction(work)
 
-    def _apply(
+    def apply(
         self, conn: sqlite3.Connection, job_id: int, event: JobEvent | None, payload: dict[str, Any] | None, fields: dict
     ) -> None:
+        """One change of a job (see :meth:`update`) in the transaction of ``conn`` (the store's modules'
+        transactions that change a job too)."""
         columns = dict(fields)
         if "grant" in columns:
             columns["grant_json"] = columns.pop("grant")

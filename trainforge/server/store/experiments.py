@@ -94,6 +94,11 @@ class ExperimentWrites:
         """A tuner's decision; its ``seq``."""
         return self._insert("decisions", _DECISION, columns)
 
+    def set_job_metrics(self, job_id: int, metrics: dict[str, Any] | None) -> None:
+        """The job's figures (``last_metrics``: what its row, ``trainforge status`` and Compare show) set to
+        ``metrics``: its trial's at the tuner's decision."""
+        self._store.apply(self._conn, job_id, None, None, {"last_metrics": metrics})
+
     def add_job_event(self, job_id: int, type_: JobEvent, payload: dict[str, Any]) -> int:
         """An event of the job (``/events`` sends it once committed); its ``seq``."""
         return self._store.add_event(self._conn, job_id, type_, payload)
