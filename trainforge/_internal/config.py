@@ -234,7 +234,7 @@ class RunConfig:
 
     ``stop`` (as Ray 2.x's ``RunConfig.stop``): ``{metric: value}`` (stop at the first result with
     ``result[metric] >= value``; ``"a/b"`` reads a nested metric), a function
-    ``(trial_id, result) -> bool``, or a :class:`trainforge.tune.Stopper`. In a Tuner it applies to
+    ``(trial_id, result) -> bool``, or a ``tune.Stopper`` (``from trainforge import tune``). In a Tuner it applies to
     every trial. In a trainer's ``fit()`` it applies too, as in Ray Train 2.x, where ``fit()`` runs as
     one Tune trial: each result is rank 0's report plus ``training_iteration`` (1, 2, ...) and
     ``trial_id`` (the run's name); the run ends at the first result the stopper accepts, that result

@@ -3,7 +3,7 @@
 One rule for every run: a trainer's ``fit()`` and every Tune trial read ``RunConfig.stop`` through
 :func:`make_stopper`. A stopper is called with every result (``stopper(trial_id, result)``: True ends
 that run, this result being its last) and asked ``stop_all()`` after each result (True ends the whole
-experiment). Tune's ready-made stoppers (``trainforge.tune.stopper``) build on :class:`Stopper`.
+experiment). Tune's ready-made stoppers (its ``stopper`` module) build on :class:`Stopper`.
 """
 
 from __future__ import annotations
@@ -101,13 +101,13 @@ def make_stopper(stop: Any) -> Stopper | None:
     if callable(stop):
         if hasattr(stop, "stop_all"):
             raise ValueError(
-                f"RunConfig(stop=...) got {stop!r}, which has stop_all() but is not a "
-                "trainforge.tune.Stopper: subclass trainforge.tune.stopper.Stopper."
+                f"RunConfig(stop=...) got {stop!r}, which has stop_all() but is not a trainforge "
+                "tune.Stopper: subclass tune.Stopper (from trainforge import tune)."
             )
         return FunctionStopper(stop)
     raise ValueError(
         f"RunConfig(stop=...) must be a dict {{result key: threshold}}, a function "
-        f"f(trial_id, result) -> bool, or a trainforge.tune.Stopper; got {stop!r} ({type(stop).__name__})."
+        f"f(trial_id, result) -> bool, or a tune.Stopper (from trainforge import tune); got {stop!r} ({type(stop).__name__})."
     )
 
 
