@@ -380,3 +380,71 @@ def test_public_names_are_pinned():
     assert tl.__all__ == ["LightGBMTrainer", "LightGBMConfig", "RayTrainReportCallback", "get_network_params"]
     assert (tx.RayTrainReportCallback.CHECKPOINT_NAME, tl.RayTrainReportCallback.CHECKPOINT_NAME) == (
         "model.ubj", "model.txt")  # Ray's file names  # fmt: skip
+
+
+# -- RunConfig(verbose=...): the frameworks' own logs -------------------------------------------------
+_QUIET_RUN = """
+import sys
+import numpy as np, pandas as pd
+from trainforge import RunConfig, ScalingConfig
+from trainforge.model import Data, LightGBMModel, ModelTrainer, XGBoostModel
+
+class ChurnData(Data):  # docs/model-lifecycle.md's model, as a new user runs it
+    label_column = "churned"
+
+    def setup(self, config):
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((2000, 4))
+        frame = pd.DataFrame(x, columns=["tenure", "calls", "spend", "age"])
+        frame["churned"] = (x[:, 0] - x[:, 1] + 0.3 * rng.standard_normal(2000) < 0).astype(int)
+        return {"train": frame.iloc[:1600], "valid": frame.iloc[1600:]}
+
+class XGBChurn(XGBoostModel):
+    def setup(self, config):
+        self.register(params={"objective": "binary:logistic", "eval_metric": "error", "max_depth": 3}, num_boost_round=20)
+
+class LGBChurn(LightGBMModel):
+    def setup(self, config):
+        self.register(params={"objective": "binary", "metric": "binary_error", "num_leaves": 8}, num_boost_round=20)
+
+model, verbose, storage = {"xgboost": XGBChurn, "lightgbm": LGBChurn}[sys.argv[1]], int(sys.argv[2]), sys.argv[3]
+trainer = ModelTrainer(model, data=ChurnData, scaling_config=ScalingConfig(num_workers=2),
+                       run_config=RunConfig(verbose=verbose, storage_path=storage, name="run"))
+print("ERROR", trainer.fit().metrics["valid-" + ("error" if sys.argv[1] == "xgboost" else "binary_error")])
+"""
+
+
+def _quiet_run(tmp_path, name, verbose):
+    """The run's output lines (stdout and stderr, C++ and forwarded worker output included)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _QUIET_RUN, name, str(verbose), str(tmp_path / f"v{verbose}")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = (proc.stdout + proc.stderr).splitlines()
+    assert sum(line.startswith("ERROR ") for line in lines) == 1
+    return lines
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("xgboost") is None, reason="xgboost not installed")
+def test_xgboost_verbose_0_silences_the_per_round_log_and_verbose_1_prints_it_once(tmp_path):
+    import re
+
+    rounds = re.compile(r"\[(\d+)\]\ttrain-error:[\d.]+\tvalid-error:[\d.]+$")
+    quiet = _quiet_run(tmp_path, "xgboost", 0)
+    assert [line for line in quiet if rounds.search(line)] == []
+    # what is left: the result, and XGBoost's collective saying each worker's rank (its C++ console)
+    assert [line for line in quiet if not line.startswith("ERROR ") and "got rank" not in line] == []
+    loud = [int(m.group(1)) for m in map(rounds.search, _quiet_run(tmp_path, "xgboost", 1)) if m]
+    assert loud == list(range(20))  # every round once: rank 0's log, as in Ray
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("lightgbm") is None, reason="lightgbm not installed")
+def test_lightgbm_verbose_0_silences_its_log_on_every_worker(tmp_path):
+    quiet = _quiet_run(tmp_path, "lightgbm", 0)
+    # LightGBM's network listener thread logs with its own (thread-local) level: "Listening..." per worker
+    assert [line for line in quiet if "[LightGBM]" in line and "Listening..." not in line] == []
+    assert sum("Listening..." in line for line in quiet) <= 2
+    loud = _quiet_run(tmp_path, "lightgbm", 1)
+    assert sum("[LightGBM] [Info]" in line for line in loud) > 10  # verbose >= 1: LightGBM's log as it is

@@ -29,6 +29,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cloudpickle  # noqa: E402
+import numpy as np  # noqa: E402
 
 import trainforge  # noqa: E402
 import trainforge.v1 as train  # noqa: E402
@@ -178,6 +179,15 @@ def test_checkpoint_strategy_keeps_the_best_files_in_the_1x_layout(tmp_path):
         manager.process({"epoch": i, "_timestamp": 7})  # a tie: the newer one wins
     assert len(list((tmp_path / "run_003" / "checkpoints").iterdir())) == 3
     assert manager.best_checkpoint_path.name == "checkpoint_000003"
+
+
+def test_print_callback_prints_a_json_list_of_the_workers_results_as_1x(capsys):
+    results = [{"loss": 2.290156, "n": np.int64(3)}, {"loss": 2.275099, "n": np.int64(4)}]
+    trainforge.v1.callbacks.PrintCallback().handle_result(results)
+    out = capsys.readouterr().out
+    assert json.loads(out) == [{"loss": 2.290156, "n": 3}, {"loss": 2.275099, "n": 4}]
+    assert out == '[\n    {\n        "loss": 2.290156,\n        "n": 3\n    },\n    {\n        "loss": 2.275099,\n' \
+                  '        "n": 4\n    }\n]\n'  # json.dumps(results, indent=4), as 1.x printed it
 
 
 def test_json_and_tensorboard_callbacks_write_files_that_read_back(tmp_path):
@@ -412,6 +422,20 @@ def test_callbacks_get_one_dict_per_worker_per_report_and_their_files_read_back(
     with pytest.raises(ValueError, match="bad data"):
         trainer.run(_report_per_rank, config={"fail": True}, callbacks=[recorder])
     assert recorder.calls[-1] == ("finish", True) and len(recorder.calls) == 5
+
+
+def _report_rank():
+    train.report(rank=train.world_rank())
+
+
+@pytest.mark.slow
+def test_print(trainer, capsys):
+    # Ray 1.x's test_print: one report per worker, the output parsed as a JSON list, one dict per worker
+    trainer.run(_report_rank, callbacks=[trainforge.v1.callbacks.PrintCallback()])
+    results = json.loads(capsys.readouterr().out)
+    assert len(results) == 2
+    for i, result in enumerate(results):
+        assert result["rank"] == i
 
 
 def _shards():

@@ -231,6 +231,15 @@ class RunConfig:
     ``memory://...``); ``storage_filesystem`` takes a ready fsspec filesystem instead (then
     ``storage_path`` is a path inside it). ``verbose``: 0 prints nothing, 1 prints the run directory, worker start-up and
     rank-0 metrics at most once a second, 2 prints every report.
+
+    ``stop`` (as Ray 2.x's ``RunConfig.stop``): ``{metric: value}`` (stop at the first result with
+    ``result[metric] >= value``; ``"a/b"`` reads a nested metric), a function
+    ``(trial_id, result) -> bool``, or a ``tune.Stopper`` (``from trainforge import tune``). In a Tuner it applies to
+    every trial. In a trainer's ``fit()`` it applies too, as in Ray Train 2.x, where ``fit()`` runs as
+    one Tune trial: each result is rank 0's report plus ``training_iteration`` (1, 2, ...) and
+    ``trial_id`` (the run's name); the run ends at the first result the stopper accepts, that result
+    being the last (its metrics are ``Result.metrics``, later reports are dropped), and ``fit()``
+    returns normally. A stopper's ``stop_all()`` also ends the run.
     """
 
     name: str | None = None
@@ -241,8 +250,12 @@ class RunConfig:
     callbacks: list[Any] | None = None
     verbose: int = 1
     log_to_driver: bool = True
+    stop: Any = None
 
     def __post_init__(self) -> None:
+        from trainforge._internal.stop_criteria import make_stopper
+
+        make_stopper(self.stop)  # raises ValueError naming a bad value now, not at the first result
         if self.name is not None:
             if not isinstance(self.name, str) or not self.name or "/" in self.name or self.name in (".", ".."):
                 raise _bad("RunConfig", "name", self.name, "use a non-empty string without '/'")

@@ -46,6 +46,7 @@ from trainforge._internal.metrics_log import MetricsLog
 from trainforge._internal.resource_wait import ResourcesUnavailable, ResourceWait
 from trainforge._internal.result import Result, TrainingReport
 from trainforge._internal.scaling_policy import ScalingDecision, ScalingPolicy
+from trainforge._internal.stop_criteria import Stopper
 from trainforge._internal.storage import StorageContext
 from trainforge._internal.worker_group.api import (
     DoneEvent,
@@ -108,6 +109,7 @@ class Controller:
         scaling_policy: ScalingPolicy | None = None,
         hang_timeout_s: float | None = None,
         stop_event: threading.Event | None = None,
+        stopper: Stopper | None = None,
     ):
         self.hooks = hooks
         self.backend = backend
@@ -132,12 +134,14 @@ class Controller:
         self.sizes: list[int] = []  # group size of every attempt, for inspection
         self.stop_event = stop_event  # set from any thread: end the run at the next step
         self.stopped = False
+        self.stopper = stopper  # RunConfig(stop=...): ends the run at the result it accepts
+        self._criteria_met = False
 
     # -- the loop ---------------------------------------------------------------------------------
     def run_iter(self) -> Iterator[TrainingReport]:
         try:
             while self.state not in (RunState.FINISHED, RunState.ERRORED):
-                if self.stop_event is not None and self.stop_event.is_set():
+                if self._criteria_met or (self.stop_event is not None and self.stop_event.is_set()):
                     self._stop_requested()
                     out, self._out = self._out, []
                     yield from out  # what every rank reported before it stopped
@@ -164,7 +168,7 @@ class Controller:
             clean = self._let_workers_stop(grace)
         self._stop_group(graceful=clean)
         self._discard_incomplete()
-        self.stopped = True
+        self.stopped = not self._criteria_met  # the stop criteria met: the run finished as asked
         self._transition(RunState.FINISHED)
 
     def _let_workers_stop(self, grace: float) -> bool:
@@ -326,6 +330,8 @@ class Controller:
         assert self._reports is not None
         for ev in events:
             if isinstance(ev, ReportEvent):
+                if self._criteria_met:
+                    continue  # the stop criteria's result is the run's last: reports after it are late
                 if ev.rank == 0:
                     self.metrics.append(ev.metrics)
                     self._reports.rank0_rows[ev.index] = len(self.metrics.rows)
@@ -362,6 +368,19 @@ class Controller:
         for cb in self.hooks.callbacks:
             cb.on_report(report)
         self._out.append(report)
+        self._check_stop_criteria(report)
+
+    def _check_stop_criteria(self, report: TrainingReport) -> None:
+        """``RunConfig(stop=...)``: asked with every complete report as Ray Tune's result (rank 0's
+        metrics, ``training_iteration``, ``trial_id``); once it says stop, that report is the last:
+        rank 0's rows after it go (a rank ahead of the others may have reported again), later
+        reports are ignored, and the run ends at the next step."""
+        if self.stopper is None or self._criteria_met:
+            return
+        result = {**report.metrics, "training_iteration": report.index + 1, "trial_id": self.storage.name}
+        if self.stopper(self.storage.name, result) or self.stopper.stop_all():
+            self._criteria_met = True
+            self.metrics.truncate(report.index + 1)
 
     def _check_size(self) -> None:
         """At a committed checkpoint: resize an elastic group that more (GROW) or fewer (SHRINK)

@@ -58,6 +58,9 @@ class TrainContext:
     metadata: dict[str, Any] = field(default_factory=dict)
     trial_dir: str = ""
     attempt: int = 0
+    # The run's RunConfig.verbose (trainforge extension): built-in loops log as it says (the GBDT
+    # trainers' per-round evaluation log: on rank 0 at 1 and 2, nowhere at 0).
+    verbose: int = 1
 
     def get_world_size(self) -> int:
         return self.world_size

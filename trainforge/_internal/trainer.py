@@ -302,6 +302,7 @@ class DataParallelTrainer:
     def _run_steps(self, stop: threading.Event | None = None) -> Generator[TrainingReport, None, Result]:
         from trainforge._internal.job_events import job_events_callback
         from trainforge._internal.scaling_policy import ScalingPolicy
+        from trainforge._internal.stop_criteria import make_stopper
 
         rc = self.run_config
         storage = self._make_storage()
@@ -344,6 +345,7 @@ class DataParallelTrainer:
                 scaling_policy=ScalingPolicy(self.scaling_config, executor.available, executor.name),
                 hang_timeout_s=rc.failure_config.hang_timeout_s,
                 stop_event=stop,
+                stopper=make_stopper(rc.stop),
             )
             hooks.on_failure = functools.partial(self._record_failures, storage, log_dir, controller)
             self._save_state(storage, "running")

@@ -63,6 +63,7 @@ def payload_maker(
                 metadata=dict(metadata),
                 trial_dir=storage.run_path,
                 attempt=attempt,
+                verbose=run_config.verbose,
             )
             payload = TrainPayload(
                 train_fn=train_fn,

@@ -3,13 +3,17 @@ the built-in loop of Ray Train's ``params=`` / ``label_column=`` form."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from trainforge import Checkpoint
+from trainforge import Checkpoint, get_context
 from trainforge._internal.extras import import_lightgbm, require
 from trainforge._internal.gbdt import GBDTTrainer, legacy_start, shard_frame, split_label
 from trainforge.lightgbm._config import LightGBMConfig, get_network_params
+
+# LightGBM's names for its log level (``verbosity`` and its aliases): a level the params give is kept.
+_VERBOSITY_KEYS = {"verbosity", "verbose"}
 
 
 def _legacy_loop(config: dict[str, Any]) -> None:
@@ -26,11 +30,39 @@ def _legacy_loop(config: dict[str, Any]) -> None:
         reference = sets[0] if sets else None
         sets.append(lightgbm.Dataset(features, label=labels, reference=reference, **dataset_params.get(name, {})))
     params = {"tree_learner": "data_parallel", "pre_partition": True, **config["params"], **get_network_params()}
+    quiet = get_context().verbose == 0 and not _VERBOSITY_KEYS & set(params)
+    if quiet:
+        params["verbosity"] = -1  # RunConfig(verbose=0): no [LightGBM] [Info] lines from every worker
     start, rounds, callback = legacy_start(config, RayTrainReportCallback)
-    lightgbm.train(
-        params, sets[0], num_boost_round=rounds, valid_sets=sets, valid_names=config["dataset_names"],
-        init_model=start, callbacks=[callback], **(config.get("train_kwargs") or {}),
-    )  # fmt: skip
+    with _silenced(lightgbm) if quiet else contextlib.nullcontext():
+        lightgbm.train(
+            params, sets[0], num_boost_round=rounds, valid_sets=sets, valid_names=config["dataset_names"],
+            init_model=start, callbacks=[callback], **(config.get("train_kwargs") or {}),
+        )  # fmt: skip
+
+
+class _Quiet:
+    def info(self, msg: str) -> None:
+        pass
+
+    def warning(self, msg: str) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _silenced(lightgbm: Any) -> Iterator[None]:
+    """LightGBM's log silenced: ``verbosity=-1`` takes effect only once the booster reads its
+    params, after the network is set up (its "Trying to bind port" lines from every worker); its
+    log goes through the logger registered in Python, a silent one here, the previous one after."""
+    basic = lightgbm.basic
+    previous = (getattr(basic, "_LOGGER", None), getattr(basic, "_INFO_METHOD_NAME", "info"),
+                getattr(basic, "_WARNING_METHOD_NAME", "warning"))  # fmt: skip
+    lightgbm.register_logger(_Quiet())
+    try:
+        yield
+    finally:
+        if previous[0] is not None:
+            lightgbm.register_logger(*previous)
 
 
 class LightGBMTrainer(GBDTTrainer):
@@ -62,6 +94,8 @@ class LightGBMTrainer(GBDTTrainer):
                         datasets={"train": train_df, "valid": valid_df},
                         scaling_config=ScalingConfig(num_workers=2)).fit()
 
+    ``RunConfig(verbose=0)`` silences LightGBM's log on every worker (``verbosity=-1``) unless
+    ``params`` set ``verbosity``/``verbose``.
     ``dataset_params``: ``{dataset name: lightgbm.Dataset kwargs}``; further keyword arguments go to
     ``lightgbm.train``. The model: :meth:`get_model` of the result's checkpoint. LightGBM computes
     validation metrics on each worker's own data and the result holds rank 0's: a validation set

@@ -94,16 +94,8 @@ def _is_url(value: Any) -> bool:
 
 @dataclass
 class RunConfig(TrainRunConfig):
-    """Train's :class:`trainforge.RunConfig` plus ``stop``: a dict ``{metric: value}`` (a trial stops
-    at its first result with ``result[metric] >= value``), a function ``(trial_id, result) -> bool``
-    or a :class:`trainforge.tune.Stopper`. Every trial's run directory is
+    """Train's :class:`trainforge.RunConfig` (``stop`` included: see there), under Tune's name. In a
+    Tuner, ``stop`` applies to each trial, and every trial's run directory is
     ``{storage_path}/{name}/{trial}``; ``checkpoint_config`` and ``failure_config`` apply to each trial
-    (a failing trial is retried from its latest checkpoint ``max_failures`` times)."""
-
-    stop: Any = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        from trainforge.tune._stopper import make_stopper
-
-        make_stopper(self.stop)  # raises ValueError naming a bad value now, not at the first result
+    (a failing trial is retried from its latest checkpoint ``max_failures`` times). A Tuner takes
+    train's ``RunConfig`` as it is (Ray 2.x code writes ``train.RunConfig(stop=...)``)."""

@@ -1,4 +1,5 @@
-"""Stop criteria (Ray Tune's stoppers) and the conversion of ``RunConfig(stop=...)`` into one.
+"""Ray Tune's stoppers (``trainforge.tune.stopper``), on :class:`Stopper` from
+``trainforge._internal.stop_criteria`` (which also turns ``RunConfig(stop=...)`` into one).
 
 A stopper is called with every result of every trial (``stopper(trial_id, result)``: True ends that
 trial, this result being its last) and asked ``stop_all()`` after each result (True ends the whole
@@ -7,39 +8,21 @@ experiment; trials are stopped, not errored).
 
 from __future__ import annotations
 
-import abc
 import datetime
 import math
-import numbers
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from trainforge._internal.metric_path import lookup
+from trainforge._internal.stop_criteria import FunctionStopper, Stopper, _is_real, make_stopper
 from trainforge.tune._metric_mode import check_mode
 
-
-class Stopper(abc.ABC):
-    """Base class of stop criteria: ``__call__`` decides for one trial, ``stop_all`` for the experiment.
-
-    Example::
-
-        class StopOnTarget(Stopper):
-            def __call__(self, trial_id, result):
-                return result["accuracy"] >= 0.99
-
-            def stop_all(self):
-                return False
-    """
-
-    @abc.abstractmethod
-    def __call__(self, trial_id: str, result: dict) -> bool:
-        """True to stop this trial after this result."""
-
-    @abc.abstractmethod
-    def stop_all(self) -> bool:
-        """True to stop the whole experiment."""
+__all__ = [
+    "CombinedStopper", "ExperimentPlateauStopper", "FunctionStopper", "MaximumIterationStopper", "NoopStopper",
+    "Stopper", "TimeoutStopper", "TrialPlateauStopper", "make_stopper",
+]
 
 
 class NoopStopper(Stopper):
@@ -64,19 +47,6 @@ class CombinedStopper(Stopper):
 
     def stop_all(self) -> bool:
         return any([stopper.stop_all() for stopper in self._stoppers])
-
-
-class FunctionStopper(Stopper):
-    """Stops a trial when ``function(trial_id, result)`` returns True."""
-
-    def __init__(self, function: Callable[[str, dict], bool]) -> None:
-        self._fn = function
-
-    def __call__(self, trial_id: str, result: dict) -> bool:
-        return bool(self._fn(trial_id, result))
-
-    def stop_all(self) -> bool:
-        return False
 
 
 class MaximumIterationStopper(Stopper):
@@ -219,71 +189,6 @@ class ExperimentPlateauStopper(Stopper):
 
     def stop_all(self) -> bool:
         return self._has_plateaued() and self._iterations >= self._patience
-
-
-class _CriteriaStopper(Stopper):
-    """``RunConfig(stop={key: value})``: stops a trial at its first result with ``result[key] >= value``
-    for any key (``"a/b"`` reads a nested result). A result without a key is an error (as in Ray)."""
-
-    def __init__(self, criteria: Mapping[str, float]) -> None:
-        self._criteria = dict(criteria)
-
-    def __call__(self, trial_id: str, result: dict) -> bool:
-        for key, threshold in self._criteria.items():
-            value = lookup(result, key)
-            if value is None:
-                raise ValueError(
-                    f"RunConfig(stop=...) stops on {key!r}, which trial {trial_id!r} did not report: its "
-                    f"result has {sorted(result)}. Report {key!r} or change the stop criterion."
-                )
-            if not _is_real(value):
-                raise ValueError(f"RunConfig(stop=...): result[{key!r}] = {value!r} is not a number.")
-            if value >= threshold:
-                return True
-        return False
-
-    def stop_all(self) -> bool:
-        return False
-
-    def __repr__(self) -> str:
-        return f"_CriteriaStopper({self._criteria!r})"
-
-
-def make_stopper(stop: Any) -> Stopper | None:
-    """``RunConfig(stop=...)`` as a Stopper: a dict ``{key: threshold}``, a function
-    ``f(trial_id, result) -> bool``, a Stopper, or None (no stopper)."""
-    if stop is None or isinstance(stop, Stopper):
-        return stop
-    if isinstance(stop, Mapping):
-        for key, threshold in stop.items():
-            if not isinstance(key, str):
-                raise ValueError(f"RunConfig(stop=...): the key {key!r} must be a result name (str).")
-            if not _is_real(threshold):
-                raise ValueError(
-                    f"RunConfig(stop=...): {key!r} maps to {threshold!r}, which is not a number; a dict "
-                    "stops a trial at its first result with result[key] >= value."
-                )
-        return _CriteriaStopper(stop) if stop else None
-    if isinstance(stop, type) and issubclass(stop, Stopper):
-        raise ValueError(
-            f"RunConfig(stop=...) got the class {stop.__name__}: pass an instance, {stop.__name__}(...)."
-        )
-    if callable(stop):
-        if hasattr(stop, "stop_all"):
-            raise ValueError(
-                f"RunConfig(stop=...) got {stop!r}, which has stop_all() but is not a "
-                "trainforge.tune.Stopper: subclass trainforge.tune.stopper.Stopper."
-            )
-        return FunctionStopper(stop)
-    raise ValueError(
-        f"RunConfig(stop=...) must be a dict {{result key: threshold}}, a function "
-        f"f(trial_id, result) -> bool, or a trainforge.tune.Stopper; got {stop!r} ({type(stop).__name__})."
-    )
-
-
-def _is_real(value: object) -> bool:
-    """A real number (numpy scalars included), not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _std(values: Any) -> float:

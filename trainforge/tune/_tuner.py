@@ -71,7 +71,7 @@ class Tuner:
             raise ValueError(f"tune_config={tune_config!r} is not valid: use trainforge.tune.TuneConfig(...)")
         if run_config is None:
             run_config = RunConfig()
-        if not isinstance(run_config, RunConfig):  # train's RunConfig: take its fields, no stop
+        if not isinstance(run_config, RunConfig):  # train's RunConfig: take its fields, stop included
             from dataclasses import fields
 
             run_config = RunConfig(**{f.name: getattr(run_config, f.name) for f in fields(run_config)})

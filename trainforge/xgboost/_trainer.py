@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trainforge import Checkpoint
+from trainforge import Checkpoint, get_context
 from trainforge._internal.extras import import_xgboost, require
 from trainforge._internal.gbdt import (
     GBDTTrainer,
@@ -32,9 +32,12 @@ def _legacy_loop(config: dict[str, Any]) -> None:
         evals.append((xgboost.DMatrix(features, label=labels, **dmatrix_params.get(name, {})), name))
     start, rounds, callback = legacy_start(config, RayTrainReportCallback)
     callback._final_rounds = config["num_boost_round"]  # the end's checkpoint with the last round's report
+    # XGBoost logs every round's evaluation (on rank 0 only): RunConfig(verbose=0) turns it off, unless
+    # verbose_eval= was given to the trainer.
+    train_kwargs = {"verbose_eval": get_context().verbose >= 1, **(config.get("train_kwargs") or {})}
     xgboost.train(
         config["params"], evals[0][0], num_boost_round=rounds, evals=evals, xgb_model=start,
-        callbacks=[callback], **(config.get("train_kwargs") or {}),
+        callbacks=[callback], **train_kwargs,
     )  # fmt: skip
 
 
@@ -64,7 +67,8 @@ class XGBoostTrainer(GBDTTrainer):
                        scaling_config=ScalingConfig(num_workers=2)).fit()
 
     ``dmatrix_params``: ``{dataset name: DMatrix kwargs}``; further keyword arguments go to
-    ``xgboost.train``. The model: :meth:`get_model` of the result's checkpoint.
+    ``xgboost.train``. XGBoost's per-round evaluation log (``verbose_eval``) is printed by rank 0
+    as in Ray, and not at all with ``RunConfig(verbose=0)`` (an explicit ``verbose_eval=`` wins). The model: :meth:`get_model` of the result's checkpoint.
     """
 
     _framework = "xgboost"

@@ -6,7 +6,6 @@ report of rank 0) and hook into a core run, not a 1.x ``Trainer.run()``."""
 
 from __future__ import annotations
 
-import collections
 import json
 import math
 import numbers
@@ -134,14 +133,23 @@ class TBXLoggerCallback(TrainingLogdirMixin, TrainingCallback):
 
 
 class PrintCallback(TrainingCallback):
-    """Prints each result to stdout as JSON: ``{"loss": [worker 0's, worker 1's, ...], ...}``."""
+    """Prints each result to stdout as 1.x did: a JSON list with one dict per worker (indented by
+    4), so ``json.loads`` of one result's output gives ``[worker 0's result, worker 1's, ...]``.
+
+    Example (two workers)::
+
+        [
+            {
+                "loss": 2.290156
+            },
+            {
+                "loss": 2.275099
+            }
+        ]
+    """
 
     def handle_result(self, results: list[dict[str, Any]], **info: Any) -> None:
-        merged: dict[str, list[Any]] = collections.defaultdict(list)
-        for result in results:
-            for key, value in result.items():
-                merged[key].append(value)
-        print(json.dumps(merged, indent=4, cls=SafeFallbackEncoder))
+        print(json.dumps(results, cls=SafeFallbackEncoder, indent=4))
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
