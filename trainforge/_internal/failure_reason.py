@@ -5,8 +5,8 @@ column); the full traceback stays in the job's ``error``, on its page and in ``t
 
 - :func:`exception_reason` makes it from what a run raised: for a :class:`TrainingFailedError`, the
   root cause (the earliest failure) of its last attempt, from the worker's failure record;
-- the runner writes the job's error text as that line, then the whole story; :func:`reason_of` reads
-  the first line of such a text back (an older text without one gives its first line too).
+- :func:`error_text` writes a job's error text as that line, then the whole story; :func:`reason_of`
+  reads the first line of such a text back (an older text without one gives its first line too).
 
 "The user's code" is the innermost frame of the traceback in a file outside trainforge, the Python
 standard library and installed packages; without one (a failure inside a library) the reason has no
@@ -22,7 +22,7 @@ import traceback
 
 from trainforge._internal.exceptions import TrainingFailedError, WorkerFailure
 
-__all__ = ["exception_reason", "failure_reason", "reason_of", "user_frame"]
+__all__ = ["error_text", "exception_reason", "failure_reason", "reason_of", "user_frame"]
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>.+?)\s*$', re.MULTILINE)
 _TRAINFORGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -72,6 +72,17 @@ def exception_reason(exc: BaseException) -> str:
     head = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     where = user_frame("".join(traceback.format_exception(exc)))
     return f"{head} ({where})" if where else head
+
+
+def error_text(exc: BaseException) -> str:
+    """A failed job's error text (the one writer; :func:`reason_of` reads its first line): the
+    one-line reason, then the whole error: a failed ``fit()``'s message with its ranks' tracebacks,
+    or the traceback of what the job's own code raised."""
+    if isinstance(exc, TrainingFailedError):
+        whole = f"{type(exc).__name__}: {exc}"
+    else:
+        whole = "".join(traceback.format_exception(exc)).rstrip()
+    return f"{exception_reason(exc)}\n{whole}"
 
 
 def reason_of(error: str | None) -> str | None:

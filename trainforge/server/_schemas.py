@@ -23,9 +23,9 @@ from pydantic import (
     model_validator,
 )
 
+from trainforge._internal.failure_reason import reason_of
 from trainforge._internal.http import json_safe
 from trainforge._internal.json_depth import shallow
-from trainforge._internal.failure_reason import reason_of
 from trainforge._internal.run_outcome import FailureClass
 from trainforge._internal.trainer_job import NUM_WORKERS, num_workers_of
 from trainforge.client import JobEvent, JobState

@@ -28,7 +28,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-
 from trainforge import CheckpointConfig, DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
 from trainforge._internal import code_pickle
 from trainforge.backend import BackendConfig

@@ -26,8 +26,7 @@ import traceback
 from typing import Any
 
 from trainforge._internal.constants import ENV_SANDBOX_PLAN
-from trainforge._internal.exceptions import TrainingFailedError
-from trainforge._internal.failure_reason import exception_reason
+from trainforge._internal.failure_reason import error_text
 from trainforge._internal.run_outcome import FailureClass, RunOutcome, write_outcome
 from trainforge._internal.state_files import write_atomic
 
@@ -95,7 +94,7 @@ def _run_trainer(job_dir: str, spec: dict[str, Any]) -> RunOutcome:
     write_atomic(os.path.join(job_dir, RESULT_FILE), blob)
     if result.error is not None:
         traceback.print_exception(result.error)  # the whole error in the job's log, as a script's
-        return RunOutcome.failed(FailureClass.USER_ERROR, _error_text(result.error))
+        return RunOutcome.failed(FailureClass.USER_ERROR, error_text(result.error))
     return RunOutcome.succeeded()
 
 
@@ -110,17 +109,6 @@ def _run_script(spec: dict[str, Any]) -> RunOutcome:
         if code != 0:
             return RunOutcome.failed(FailureClass.USER_ERROR, f"exit code {code}", exit_code=code)
     return RunOutcome.succeeded()
-
-
-def _error_text(exc: BaseException) -> str:
-    """A failed job's ``error``: its one-line reason first (:func:`exception_reason`, what the job
-    lists show), then the whole error: a failed ``fit()``'s message with its ranks' tracebacks, or
-    the traceback of what the job's own code raised (the job's page)."""
-    if isinstance(exc, TrainingFailedError):
-        whole = f"{type(exc).__name__}: {exc}"
-    else:
-        whole = "".join(traceback.format_exception(exc)).rstrip()
-    return f"{exception_reason(exc)}\n{whole}"
 
 
 class _NotStarted(Exception):
@@ -219,7 +207,7 @@ def main(job_dir: str) -> int:
         outcome = RunOutcome.stopped()
     except BaseException as exc:  # the job's own code failed before or outside fit()
         traceback.print_exc()
-        outcome = RunOutcome.failed(FailureClass.USER_ERROR, _error_text(exc))
+        outcome = RunOutcome.failed(FailureClass.USER_ERROR, error_text(exc))
     sys.stdout.flush()
     sys.stderr.flush()
     write_outcome(os.path.join(job_dir, EXIT_FILE), outcome)
