@@ -8,7 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainforge._internal.exceptions import TrainingFailedError, WorkerFailure
-from trainforge._internal.failure_reason import error_text, exception_reason, failure_reason, reason_of, user_frame
+from trainforge._internal.failure_reason import (
+    error_text,
+    exception_reason,
+    failure_reason,
+    reason_of,
+    user_frame,
+)
 
 TRAINFORGE_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "trainforge", "_internal", "train_fn.py")
 TRACEBACK = f'''Traceback (most recent call last):
