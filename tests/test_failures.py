@@ -15,6 +15,7 @@ import pytest
 
 import trainforge as train
 from trainforge import DataParallelTrainer, RunConfig, ScalingConfig, TrainingFailedError
+from trainforge._internal.failure_reason import exception_reason, failure_reason
 from trainforge._testing.procs import pid_alive, wait_until_gone
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
@@ -51,6 +52,26 @@ def test_exception_in_one_rank_names_rank_type_message_traceback(tmp_path, execu
     assert "rank 0" not in msg  # rank 0 was stopped, it did not fail
     [attempt] = info.value.failures
     assert [(f.rank, f.kind, f.exc_type) for f in attempt] == [(1, "exception", "ValueError")]
+
+
+def test_a_failed_fits_traceback_names_the_users_file_and_its_reason_is_one_line(tmp_path, executor):
+    # A function defined inside another travels to the workers by value (cloudpickle): its frames
+    # must still name this file, not "<dynamic-code>", in the error and in the one-line reason.
+    def loop():
+        def check_lr(lr):
+            raise ValueError(f"bad lr {lr}")
+
+        check_lr(-1)
+
+    raise_line = loop.__code__.co_firstlineno + 2
+    with pytest.raises(TrainingFailedError) as info:
+        _fit(loop, tmp_path, n=1, executor=executor)
+    msg = str(info.value)
+    assert "<dynamic-code>" not in msg
+    assert f'File "{__file__}", line {raise_line}, in check_lr' in msg
+    assert exception_reason(info.value) == f"ValueError: bad lr -1 (test_failures.py:{raise_line}, in check_lr)"
+    [[failure]] = info.value.failures
+    assert failure_reason(failure) == exception_reason(info.value)
 
 
 def test_identical_errors_from_ranks_are_grouped(tmp_path, executor):

@@ -29,6 +29,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 FIT = str(SCRIPTS / "server_cli_fit.py")
 END = str(SCRIPTS / "server_cli_end.py")
 WAIT = str(SCRIPTS / "server_cli_wait.py")
+RAISES = str(SCRIPTS / "server_cli_raises.py")
 TIMEOUT = 120
 
 
@@ -168,7 +169,8 @@ def test_submit_streams_the_jobs_output_and_exits_with_its_outcome(train_server,
     assert r.returncode == 1, r.stdout + r.stderr
     assert "RuntimeError: the script failed on purpose" in r.stdout
     assert r.stdout.splitlines()[-1] == ("trainforge: job 2 (server_cli_end.py): FAILED: "
-                                         "RuntimeError: the script failed on purpose")  # fmt: skip
+                                         "RuntimeError: the script failed on purpose "
+                                         f"(server_cli_end.py:{_line_of(END, 'raise RuntimeError')}, in <module>)")  # fmt: skip
 
     # sys.exit(3): the CLI exits 3.
     r = tf(d, "submit", "--config", "lr=0.01", "--config", "opt=adam", "--config", "warm=true", END, "3")
@@ -215,6 +217,35 @@ def test_submit_function_returning_a_trainer(train_server, tmp_path):
            "server_cli_trainer:make_trainer", tmp_path / "env_runs", "1", cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines()[-1] == "trainforge: job 2 (by-env): SUCCEEDED"
+
+
+def test_a_failed_script_job_lists_a_one_line_reason_with_the_scripts_file_and_line(train_server):
+    # The script's fit() fails in its worker: the job lists show why in one line, naming the script's
+    # file and line (not "<dynamic-code>", no internal frames); the traceback stays in its logs.
+    d = train_server.state_dir
+    r = tf(d, "submit", RAISES)
+    assert r.returncode == 1, r.stdout + r.stderr
+    job = job_id_of(r.stdout)
+    reason = f"ValueError: bad lr -1 (server_cli_raises.py:{_line_of(RAISES, 'raise ValueError')}, in loop)"
+    assert r.stdout.splitlines()[-1] == f"trainforge: job {job} (server_cli_raises.py): FAILED: {reason}"
+
+    [row] = [line for line in ok(d, "jobs").splitlines()[1:] if line.split()[0] == str(job)]
+    assert row.split()[1] == "FAILED" and row.endswith(f" {reason}"), row
+    assert ok(d, "status", job).splitlines()[0] == f"job {job} (server_cli_raises.py): FAILED: {reason}"
+    raw = json.loads(ok(d, "status", job, "--json"))
+    assert raw["reason"] == reason
+    assert raw["error"].splitlines()[0] == reason  # the whole error: the reason, then the tracebacks
+    assert "Traceback" in raw["error"] and "<dynamic-code>" not in raw["error"]
+    assert [j["reason"] for j in json.loads(ok(d, "jobs", "--json")) if j["id"] == job] == [reason]
+
+    logs = ok(d, "logs", job)
+    assert f'File "{RAISES}", line {_line_of(RAISES, "raise ValueError")}, in loop' in logs
+    assert "Traceback (most recent call last)" in logs and "<dynamic-code>" not in logs
+
+
+def _line_of(path: str, text: str) -> int:
+    """The number of the first line of ``path`` that has ``text``."""
+    return next(i for i, line in enumerate(Path(path).read_text().splitlines(), 1) if text in line)
 
 
 # -- submit --no-wait, status, jobs, logs -------------------------------------------------------------

@@ -664,3 +664,20 @@ def test_a_server_started_no_warm_starts_fresh_processes(tmp_path, monkeypatch):
     finally:
         left = server.cleanup()
     assert not left
+
+
+def test_a_failed_trainer_jobs_reason_is_one_line_naming_the_users_file(train_server, tmp_path):
+    # A trainer job whose loop (a function defined here, sent by value) raises: the API's reason is
+    # one line naming this file and line; the error and the job's log keep the whole traceback.
+    def loop(config):
+        raise ValueError(f"bad lr {config['lr']}")
+
+    line = loop.__code__.co_firstlineno + 1
+    job = _trainer(tmp_path, "raises", loop, workers=1, lr=-1).submit()
+    status = job.wait(timeout=120)
+    reason = f"ValueError: bad lr -1 ({os.path.basename(__file__)}:{line}, in loop)"
+    assert (status.state, status.reason, status.raw["reason"]) == ("FAILED", reason, reason), status.raw
+    assert status.error.splitlines()[0] == reason and "<dynamic-code>" not in status.error
+    assert f'File "{__file__}", line {line}, in loop' in status.error
+    logs = "".join(job.logs())
+    assert f'File "{__file__}", line {line}, in loop' in logs and "<dynamic-code>" not in logs

@@ -40,10 +40,10 @@ def trainer_job(trainer: Any, *, name: str, cannot_send: str, fix: str, **fields
     loop's config flattened (:func:`flat_config`: the dashboard groups jobs by it), ``name`` and the
     other ``fields`` (``submission_id``, ``priority``, ...). A trainer that does not pickle raises
     TypeError: ``cannot_send`` (who cannot send what, where), why, then ``fix`` (what to do)."""
-    import cloudpickle
+    from trainforge._internal import code_pickle
 
     try:
-        blob = cloudpickle.dumps(trainer)
+        blob = code_pickle.dumps(trainer)
     except Exception as exc:
         raise TypeError(f"{cannot_send} because it does not pickle ({type(exc).__name__}: {exc}){fix}") from exc
     return {**_scaling_spec(trainer), "trainer_b64": base64.b64encode(blob).decode(), "name": name, **fields}

@@ -33,8 +33,7 @@ def payload_maker(
     run_config: RunConfig,
 ) -> MakePayloads:
     """The controller's ``make_payloads(attempt, checkpoint, specs)``: one pickled payload per spec."""
-    import cloudpickle
-
+    from trainforge._internal import code_pickle
     from trainforge._internal.datasets import is_ray_dataset, shard_datasets
 
     shards_by_size: dict[int, list[dict[str, Any]]] = {}
@@ -76,7 +75,7 @@ def payload_maker(
                 upload_mode=run_config.checkpoint_config.checkpoint_upload_mode.value,  # type: ignore[union-attr]
                 train_func_context=train_func_context,
             )
-            payloads.append(cloudpickle.dumps(payload))
+            payloads.append(code_pickle.dumps(payload))
         return payloads
 
     return make

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from trainforge._internal.failure_reason import reason_of
 from trainforge._internal.run_outcome import FailureClass
 from trainforge._internal.trainer_job import fetch_result
 from trainforge.client._errors import (
@@ -61,12 +62,20 @@ class JobStatus:
     def ended(self) -> bool:
         return self.state.terminal
 
+    @property
+    def reason(self) -> str | None:
+        """Why it failed, in one line (``ValueError: bad lr (train.py:8, in loop)``); the whole story,
+        tracebacks included, is :attr:`error`. From the API's ``reason`` (an older server's answer: the
+        first line of ``error``)."""
+        given = self.raw.get("reason")
+        return given if isinstance(given, str) and given else reason_of(self.error)
+
     def describe(self) -> str:
         line = f"job {self.id} ({self.name}): {self.state}"
         if self.pending:
             line += f", {self.pending}" + (f" (position {self.position})" if self.position else "")
         if self.error:
-            line += f": {self.error}"
+            line += f": {self.reason}"
         return line
 
 

@@ -187,16 +187,16 @@ class ModelTrainer(ManagedTrainer, TorchTrainer):
 
     def apply(self, fn: Callable[[Model], Any]) -> list[Any]:
         """Run ``fn(model)`` on every worker's model (a driven run); their return values in rank order."""
-        import cloudpickle
+        from trainforge._internal import code_pickle
 
-        report = self._drive().call("apply", fn=cloudpickle.dumps(fn), target="model")
+        report = self._drive().call("apply", fn=code_pickle.dumps(fn), target="model")
         return [m.get(RESULT_KEY) for m in report.all_metrics]
 
     def apply_workers(self, fn: Callable[[], Any]) -> list[Any]:
         """Run ``fn()`` in every worker process (a driven run); the return values in rank order."""
-        import cloudpickle
+        from trainforge._internal import code_pickle
 
-        report = self._drive().call("apply", fn=cloudpickle.dumps(fn), target="worker")
+        report = self._drive().call("apply", fn=code_pickle.dumps(fn), target="worker")
         return [m.get(RESULT_KEY) for m in report.all_metrics]
 
     def shutdown(self) -> Result | None:

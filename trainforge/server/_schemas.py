@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from trainforge._internal.failure_reason import reason_of
 from trainforge._internal.http import json_safe
 from trainforge._internal.json_depth import shallow
 from trainforge._internal.run_outcome import FailureClass
@@ -168,7 +169,11 @@ class JobOut(BaseModel):
     exit_code: int | None
     failure_class: FailureClass | None = Field(description=(
         "why it ended without success: user_error (its code or spec), infra (the server's side), stopped, lost"))
-    error: str | None
+    error: str | None = Field(description=(
+        "what went wrong, whole: the one-line reason first, then the failed ranks' tracebacks"))
+    reason: str | None = Field(None, description=(
+        "why it failed in one line: the exception type and message and the user's file and line, e.g. "
+        "'ValueError: bad lr (train.py:8, in loop)' (the first line of error)"))
     reports: int
     last_metrics: dict[str, Any] | None
     config: dict[str, Any]
@@ -455,7 +460,7 @@ def job_out(job: JobRow, pending: Pending | None) -> JobOut:
         max_retries=job.max_retries, request=request, grant=job.grant, workers=job.workers, gpu_ids=job.gpu_ids,
         pid=job.pid, run_path=job.run_path, exit_code=job.exit_code,
         failure_class=FailureClass(job.failure_class) if job.failure_class else None,
-        error=job.error, reports=job.reports, last_metrics=json_safe(job.last_metrics),
+        error=job.error, reason=reason_of(job.error), reports=job.reports, last_metrics=json_safe(job.last_metrics),
         config=json_safe(spec.get("config") or {}), owner=job.owner, preemptible=job.preemptible,
         preemptions=job.preemptions,
     )  # fmt: skip

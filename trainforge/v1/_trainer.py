@@ -28,9 +28,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
-
 from trainforge import CheckpointConfig, DataParallelTrainer, FailureConfig, RunConfig, ScalingConfig
+from trainforge._internal import code_pickle
 from trainforge.backend import BackendConfig
 from trainforge.model import driver_host
 from trainforge.tensorflow import TensorflowConfig, TensorflowTrainer
@@ -247,7 +246,7 @@ class Trainer:
         payload = RunPayload(train_func, takes_config, dict(config or {}), checkpoint,
                              split_dataset(dataset, self._num_workers))  # fmt: skip
         try:
-            return cloudpickle.dumps(payload)
+            return code_pickle.dumps(payload)
         except Exception as exc:
             raise TypeError(
                 f"run(): the train function, its config, dataset and checkpoint must be picklable (cloudpickle) to "

@@ -287,10 +287,10 @@ class SocketWorkerGroup(WorkerGroup):
 
     # -- execute ----------------------------------------------------------------------------------
     def execute_async(self, ranks: list[int], fn: Callable[..., Any], args: tuple, kwargs: dict) -> int:
-        import cloudpickle
+        from trainforge._internal import code_pickle
 
         self._call_id += 1
-        blob = cloudpickle.dumps((fn, args, kwargs))
+        blob = code_pickle.dumps((fn, args, kwargs))
         for r in ranks:
             self._send(self._workers[r], ("execute", self._call_id, blob))
         return self._call_id

@@ -394,6 +394,8 @@ def _status(args: Any) -> int:
         print(f"  runner:  pid {r['pid']} (attempt {r['attempt']})")
     if r.get("run_path"):
         print(f"  run:     {r['run_path']}")
+    if job.error and job.error.strip() != job.reason:
+        print(f"  error:   the traceback: `trainforge logs {job.id}` or the job's page (or --json's error)")
     if r.get("last_metrics"):
         last = dict(ordered_metrics(r["last_metrics"]))
         print(f"  metrics: {r['reports']} report(s); last {json.dumps(last, default=str)[:200]}")

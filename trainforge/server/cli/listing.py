@@ -79,7 +79,7 @@ def jobs_command(args: Any) -> int:
               f"{'NAME':<{width}} REASON / ERROR")  # fmt: skip
         for j in jobs:
             workers = j.raw.get("workers") or j.raw["request"][NUM_WORKERS]
-            note = j.pending or j.error or ""
+            note = j.pending or j.reason or ""
             print(f"{j.id:>5}  {j.state:<10} {j.priority:>4}  {workers:>7}  {_ago(j.raw['submitted_at']):>9}  "
                   f"{j.raw.get('owner', '')[:12]:<12} {name(j.name)} {note}".rstrip())  # fmt: skip
     if more != 0:  # on stderr: the table (or JSON) on stdout stays whole for a pipe

@@ -26,6 +26,7 @@ import traceback
 from typing import Any
 
 from trainforge._internal.constants import ENV_SANDBOX_PLAN
+from trainforge._internal.failure_reason import error_text
 from trainforge._internal.run_outcome import FailureClass, RunOutcome, write_outcome
 from trainforge._internal.state_files import write_atomic
 
@@ -92,7 +93,8 @@ def _run_trainer(job_dir: str, spec: dict[str, Any]) -> RunOutcome:
         blob = cloudpickle.dumps(result)
     write_atomic(os.path.join(job_dir, RESULT_FILE), blob)
     if result.error is not None:
-        return RunOutcome.failed(FailureClass.USER_ERROR, str(result.error))
+        traceback.print_exception(result.error)  # the whole error in the job's log, as a script's
+        return RunOutcome.failed(FailureClass.USER_ERROR, error_text(result.error))
     return RunOutcome.succeeded()
 
 
@@ -205,7 +207,7 @@ def main(job_dir: str) -> int:
         outcome = RunOutcome.stopped()
     except BaseException as exc:  # the job's own code failed before or outside fit()
         traceback.print_exc()
-        outcome = RunOutcome.failed(FailureClass.USER_ERROR, f"{type(exc).__name__}: {exc}")
+        outcome = RunOutcome.failed(FailureClass.USER_ERROR, error_text(exc))
     sys.stdout.flush()
     sys.stderr.flush()
     write_outcome(os.path.join(job_dir, EXIT_FILE), outcome)

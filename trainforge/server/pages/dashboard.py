@@ -141,7 +141,7 @@ def job_row(job: dict[str, Any], now: float, usage: dict[str, float] | None = No
         f"<td>{esc(asked)}</td>"
         f"<td>{esc(used)}{' · GPU ' + esc(','.join(job['gpu_ids'])) if job.get('gpu_ids') and active else ''}</td>"
         f'<td class="uses">{esc(usage_text(usage))}</td>'
-        f'<td class="reason">{esc(pending.get("text") or job.get("error") or "")}</td>'
+        f'<td class="reason">{esc(pending.get("text") or job.get("reason") or "")}</td>'
         f'<td title="{esc(job["submitted_at"])}">{ago(job["submitted_at"], now)}</td>'
         f"<td>{duration(job, now)}</td>"
         f'<td class="metrics">{esc(metrics_text(job.get("last_metrics")))}</td>'
