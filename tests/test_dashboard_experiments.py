@@ -66,7 +66,7 @@ def _login(page, server) -> None:
 def test_an_asha_search_on_the_server_on_its_experiment_page(train_server, page, tmp_path):
     gate = str(tmp_path / "gate")
     tuner = Tuner(tune.with_parameters(objective, gate=gate),
-                  param_space={"x": tune.grid_search(XS), "dummy": tune.sample_from(dummy)},
+                  param_space={"x": tune.grid_search(XS), "dummy": tune.sample_from(dummy), "batch_size": 64},
                   tune_config=TuneConfig(metric="loss", mode="min", max_concurrent_trials=1,
                                          scheduler=ASHAScheduler(max_t=STEPS + 1, grace_period=1, reduction_factor=2)),
                   run_config=RunConfig(name="asha-e2e", storage_path=str(tmp_path / "results"), verbose=0))  # fmt: skip
@@ -110,6 +110,10 @@ def test_an_asha_search_on_the_server_on_its_experiment_page(train_server, page,
     page.wait_for_function("() => document.getElementById('importance-meta').textContent.includes('over 10 completed')",
                            timeout=30_000)  # the page asks again when a trial ends  # fmt: skip
     assert page.locator("#importance .imp-row").evaluate_all("rows => rows.map(r => r.dataset.param)") == ["x", "dummy"]
+    # 10 trials, under 20: the warning above the bars, and each bar's interval over the resamples (issue 36)
+    assert page.locator("#importance-warning").inner_text().startswith("only 10 completed trial(s): with fewer than 20")
+    assert page.locator("#importance .imp-interval").count() == 2
+    assert "resamples" in page.locator("#importance-meta").inner_text()
     page.select_option("#evaluator", "fanova")
     page.wait_for_function("() => document.getElementById('importance-meta').textContent.startsWith('fANOVA')",
                            timeout=30_000)  # fmt: skip
@@ -128,6 +132,10 @@ def test_an_asha_search_on_the_server_on_its_experiment_page(train_server, page,
 
     # Brushing the x axis keeps the trials with x in the dragged range; a click on the axis clears it.
     page.locator("#parcoords").scroll_into_view_if_needed()
+    # a constant parameter gets no axis; the line under the chart names it (issue 36)
+    axes = page.locator("#parcoords g.pc-axis").evaluate_all("gs => gs.map(g => g.dataset.axis)")
+    assert axes == ["x", "dummy", "__metric"], axes
+    assert page.locator("#parcoords-constant").inner_text() == "constant (no axis): batch_size = 64"
     axis = page.locator('#parcoords rect.pc-hit[data-axis="x"]')
     box = axis.bounding_box()
     assert box is not None

@@ -67,9 +67,9 @@ def test_backend_all_is_pinned():
 def test_client_all_is_pinned():
     assert trainforge.client.__all__ == [
         "ACTIVE_STATES", "BadResponseError", "Client", "ClientConfigError", "ClientError", "InvalidJobError", "Job",
-        "JobConflictError", "JobEvent", "JobNotFoundError", "JobState", "JobStatus", "JobTimeoutError", "ServerError",
-        "ServerNotFoundError", "ServerTimeoutError", "TERMINAL_STATES", "TrialDecision", "TrialState", "WAITING_STATES",
-        "discover", "trial_state",
+        "JobConflictError", "JobEvent", "JobNotFoundError", "JobState", "JobStatus", "JobTimeoutError",
+        "ServerCertificateError", "ServerError", "ServerNotFoundError", "ServerTimeoutError", "TERMINAL_STATES",
+        "TrialDecision", "TrialState", "WAITING_STATES", "discover", "trial_state",
     ]  # fmt: skip
     from trainforge import server
 

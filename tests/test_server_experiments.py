@@ -200,6 +200,43 @@ def test_importance_ranks_the_parameter_the_metric_depends_on_and_is_kept_until_
     assert not fresh["cached"] and fresh["trials"] == 17
 
 
+@pytest.mark.slow  # Optuna's and scikit-learn's imports
+def test_importance_of_five_trials_warns_shows_how_little_it_knows_and_leaves_constants_out(api):
+    """Issue 36: 5 completed trials of an objective that never reads ``lr`` (nor the constant
+    ``batch_size`` and ``seed``). The answer warns that 5 trials rank by chance, names the constants
+    (and ranks none of them), and its bootstrap intervals leave ``lr`` room to matter a lot."""
+    xs, lrs = [0.1, 0.9, 0.5, 0.3, 0.7], [0.01, 0.002, 0.05, 0.001, 0.03]
+    for i, (x, lr) in enumerate(zip(xs, lrs, strict=True)):
+        job = _trial(api, f"t{i}", {"x": x, "lr": lr, "batch_size": 64, "seed": 0}, [1.0, (x - 0.3) ** 2])
+        _decide(api, job, kind="max_t", iteration=2)
+        api.post(f"{P}/jobs/{job}/stop")
+    for evaluator in ("ped_anova", "fanova"):
+        imp = api.get(f"{P}/experiments/1/importance", params={"evaluator": evaluator}).json()
+        assert imp["trials"] == 5 and set(imp["importances"]) == {"x", "lr"}, imp
+        assert imp["warning"].startswith("only 5 completed trial(s): with fewer than 20, importance ranks"), imp
+        assert imp["constant"] == ["batch_size", "seed"]
+        assert "constant: batch_size, seed (left out: a parameter that never changed explains nothing)" in imp["notes"]
+        assert imp["resamples"] == 10 and set(imp["intervals"]) == {"x", "lr"}
+        assert all(0.0 <= lo <= hi <= 1.0 for lo, hi in imp["intervals"].values())
+        lo, hi = imp["intervals"]["lr"]  # 5 trials cannot rule out the parameter nobody reads
+        assert hi >= 0.3 and hi - lo >= 0.2, imp
+        assert 0.0 <= imp["stability"] <= 1.0
+
+
+def test_importance_of_twenty_trials_has_no_warning_nor_resamples():
+    pytest.importorskip("optuna")
+    from trainforge.server.experiments.importance import SMALL_SAMPLE, compute
+
+    rows = [{"config": {"x": i / 19, "lr": (7 * i % 20) / 20, "seed": 1}, "value": (i / 19 - 0.3) ** 2}
+            for i in range(SMALL_SAMPLE)]  # fmt: skip
+    imp = compute(rows, {}, "min", "ped_anova")
+    assert list(imp["importances"])[0] == "x" and imp["constant"] == ["seed"]
+    assert imp["warning"] is None and imp["stability"] is None and imp["intervals"] == {} and imp["resamples"] == 0
+    small = compute(rows[:SMALL_SAMPLE - 1], {}, "min", "ped_anova")
+    assert small["warning"] is not None and small["resamples"] == 10
+    assert compute(rows[:SMALL_SAMPLE - 1], {}, "min", "ped_anova")["intervals"] == small["intervals"]  # seed 0
+
+
 def test_importance_with_too_few_trials_says_so(api):
     _trial(api, "only", {"x": 0.1}, [1.0])
     imp = api.get(f"{P}/experiments/1/importance").json()

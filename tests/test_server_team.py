@@ -163,7 +163,7 @@ def test_users_are_managed_in_the_state_directory_when_no_server_runs(tmp_path):
     assert "zed" not in _cli("server", "users", "list", *state)
 
 
-def _self_signed(tmp_path) -> tuple[str, str]:
+def _self_signed(tmp_path, dns: str = "localhost", ip: str | None = "127.0.0.1") -> tuple[str, str]:
     x509 = pytest.importorskip("cryptography.x509")
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -176,8 +176,8 @@ def _self_signed(tmp_path) -> tuple[str, str]:
         x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
         .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                    x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.SubjectAlternativeName([*([x509.IPAddress(ipaddress.ip_address(ip))] if ip else []),
+                                                    x509.DNSName(dns)]), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )  # fmt: skip
@@ -217,6 +217,67 @@ def test_tls_serves_https_with_a_secure_cookie_and_a_plain_non_loopback_bind_war
         assert "WARNING: serving 0.0.0.0 without TLS" in plain.output, plain.output
     finally:
         left = server.cleanup() + (plain.cleanup() if plain is not None else [])
+    assert not left, f"processes left behind: {left}"
+
+
+def test_a_self_signed_server_for_another_name_is_trusted_on_its_machine_and_refused_elsewhere_with_the_cause(
+    tmp_path, monkeypatch
+):
+    """Issue 36: a server whose self-signed certificate names another host (as on a real host, reached
+    here at 127.0.0.1). On its machine `server status`, `jobs` and `server stop --stop-jobs` trust it
+    through the state directory, with no $SSL_CERT_FILE; a client elsewhere is told the real cause
+    (the IP address mismatch) and what to set; and `server status` never calls a running server killed."""
+    import shutil
+
+    from trainforge._testing.server import TrainServer
+
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("TRAINFORGE_ADDRESS", raising=False)
+    cert, key = _self_signed(tmp_path, dns="trainserver.example.com", ip=None)
+    server = TrainServer(str(tmp_path / "tls"), capacity="CPU=1", extra=["--tls-cert", cert, "--tls-key", key,
+                                                                       "--no-warm"]).start()  # fmt: skip
+    try:
+        state = ["--state-dir", server.state_dir]
+        assert server.url is not None and server.url.startswith("https://127.0.0.1:"), server.output
+        assert _cli("server", "status", *state).startswith(f"train server at {server.url} (pid ")
+        _cli("jobs", *state)
+
+        def elsewhere(env: dict[str, str]) -> str:
+            proc = subprocess.run([sys.executable, "-m", "trainforge", "jobs", "--address", server.url, "--state-dir",
+                                   str(tmp_path / "elsewhere")], capture_output=True, text=True, timeout=120,
+                                  env={**os.environ, **env})  # fmt: skip
+            assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+            return proc.stderr
+
+        assert "certificate is not trusted (self-signed certificate): trust a self-signed certificate with " \
+               "SSL_CERT_FILE=" in elsewhere({})  # fmt: skip
+        assert "certificate is not trusted (IP address mismatch" in elsewhere({"SSL_CERT_FILE": cert})
+
+        # the copy is pinned: another certificate there (another server's) is refused, whatever $SSL_CERT_FILE trusts
+        copy = os.path.join(server.state_dir, "server_cert.pem")
+        (tmp_path / "other").mkdir()
+        other, _ = _self_signed(tmp_path / "other")
+        shutil.copy(other, copy)
+        pinned = subprocess.run([sys.executable, "-m", "trainforge", "jobs", *state], capture_output=True, text=True,
+                                timeout=120, env={**os.environ, "SSL_CERT_FILE": cert})  # fmt: skip
+        assert pinned.returncode == 1 and "presents a certificate other than the one its state directory holds " \
+            "(server_cert.pem)" in pinned.stderr, pinned.stderr  # fmt: skip
+
+        # without the certificate's copy in the state directory (as before issue 36): the cause, not "killed"
+        os.remove(copy)
+        status = subprocess.run([sys.executable, "-m", "trainforge", "server", "status", *state],
+                                capture_output=True, text=True, timeout=120, env={**os.environ, "SSL_CERT_FILE": cert})  # fmt: skip
+        assert status.returncode == 1, status.stdout + status.stderr
+        assert "killed" not in status.stdout + status.stderr
+        assert "the train server runs (pid " in status.stderr and "IP address mismatch" in status.stderr, status.stderr
+
+        shutil.copy(cert, copy)
+        out = _cli("server", "stop", "--stop-jobs", *state)
+        assert out.endswith(f"stopped the train server at {server.url}\n"), out
+        assert server.proc is not None and server.proc.wait(timeout=30) == 0, server.output
+        assert not os.path.exists(copy)  # a clean stop takes the copy away with the address
+    finally:
+        left = server.cleanup()
     assert not left, f"processes left behind: {left}"
 
 

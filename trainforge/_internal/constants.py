@@ -127,6 +127,9 @@ RAY_KV_KEY = b"trainforge_server_address"
 RAY_KV_NAMESPACE = b"trainforge"
 # The file in a state directory that a running server holds locked (flock) for its whole life.
 SERVER_LOCK_FILE = "server.lock"
+# A TLS server's own certificate, copied into its state directory while it runs: the client on its
+# machine trusts exactly that certificate for the address in that directory (client/_discovery.py).
+SERVER_CERT_FILE = "server_cert.pem"
 
 
 def default_state_dir() -> str:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from trainforge._internal.constants import API_PREFIX, ENV_ADDRESS, ENV_STATE_DIR, default_state_dir
-from trainforge.client._discovery import discover, server_holds
+from trainforge.client._discovery import discover, server_certificate, server_holds
 from trainforge.client._errors import (
     BadResponseError,
     InvalidJobError,
@@ -54,7 +54,8 @@ class Client:
         if not (address or os.environ.get(ENV_ADDRESS)):
             self._found_in = state_dir or os.environ.get(ENV_STATE_DIR) or default_state_dir()
         self._timeout = timeout
-        self._http = Transport(self.address, prefix=API_PREFIX, token=found_token, timeout=timeout)
+        self._http = Transport(self.address, prefix=API_PREFIX, token=found_token, timeout=timeout,
+                               pinned=server_certificate(self.address, state_dir))  # fmt: skip
 
     def _rediscover(self) -> None:
         if self._found_in is None:
@@ -64,7 +65,8 @@ class Client:
         except ServerNotFoundError:
             return
         self.address = address
-        self._http = Transport(address, prefix=API_PREFIX, token=token, timeout=self._timeout)
+        self._http = Transport(address, prefix=API_PREFIX, token=token, timeout=self._timeout,
+                               pinned=server_certificate(address, self.state_dir))  # fmt: skip
 
     def _server_starting(self) -> bool:
         """A train server holds the state directory the address came from (it is starting, or

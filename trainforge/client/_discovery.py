@@ -5,7 +5,9 @@ file of a state directory given (``state_dir`` or ``$TRAINFORGE_SERVER_DIR``), e
 connected to a Ray cluster) the address the cluster's server published, else the ``address`` file
 of ``~/.trainforge/server``. The token: ``token``, else ``$TRAINFORGE_TOKEN``, else the ``token``
 file of the state directory the address came from (a Ray-published server publishes its state
-directory, not its token).
+directory, not its token). The certificate: a TLS server copies its own into its state directory
+(``server_cert.pem``); a client that reaches the address written in that directory trusts exactly
+that certificate (:func:`server_certificate`), whatever names it holds, as it trusts the token beside it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
+import ssl
 
 from trainforge._internal.constants import (
     ENV_ADDRESS,
@@ -20,6 +24,7 @@ from trainforge._internal.constants import (
     ENV_TOKEN,
     RAY_KV_KEY,
     RAY_KV_NAMESPACE,
+    SERVER_CERT_FILE,
     SERVER_LOCK_FILE,
     default_state_dir,
 )
@@ -50,6 +55,27 @@ def discover(address: str | None = None, token: str | None = None, state_dir: st
         )
     token = token or os.environ.get(ENV_TOKEN) or read_text(os.path.join(state_dir, "token"))
     return address.rstrip("/"), token
+
+
+def server_certificate(address: str, state_dir: str | None = None) -> bytes | None:
+    """The certificate (DER) the TLS server at ``address`` copied into its state directory (``state_dir``,
+    else ``$TRAINFORGE_SERVER_DIR``, else the default) when that directory's ``address`` file names
+    ``address``; None otherwise (another server, a plain-HTTP one, none running there). The client pins
+    it: the server's machine trusts its own server, self-signed or issued for another name, with no
+    ``SSL_CERT_FILE`` to set, and nothing but that exact certificate."""
+    if not address.startswith("https://"):
+        return None
+    directory = state_dir or os.environ.get(ENV_STATE_DIR) or default_state_dir()
+    if (read_text(os.path.join(directory, "address")) or "").rstrip("/") != address.rstrip("/"):
+        return None
+    pem = read_text(os.path.join(directory, SERVER_CERT_FILE))
+    block = re.search(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", pem or "", re.S)
+    if block is None:
+        return None
+    try:
+        return ssl.PEM_cert_to_DER_cert(block.group(0))
+    except ValueError:
+        return None
 
 
 def _ray_published() -> tuple[str, str | None] | None:

@@ -5,8 +5,10 @@ each keeps the built-in base that ``except`` clauses written before the tree sti
      ├── ServerNotFoundError          nothing answers, or the connection was lost (also a ConnectionError);
      │    │                           ``sent``: the request may have reached the server
      │    └── ServerTimeoutError      connected, but no reply within the client's ``timeout`` (also a TimeoutError)
+     ├── ServerCertificateError       an HTTPS server answered with a certificate the client does not trust
+     │                                (self-signed, for another name, expired): the reason and what to set
      ├── BadResponseError             something answered, but not as a train server does (not JSON, not
-     │                                the fields the API sends): another program on that port, or a proxy
+     │                                the fields the API sends, not TLS): another program on that port, or a proxy
      ├── ClientConfigError            a bad address or token given to the client (also a ValueError)
      ├── JobTimeoutError              ``Job.wait(timeout)``: the job had not ended in time (also a TimeoutError)
      └── ServerError                  the server refused a request: ``status`` (HTTP), ``detail`` (also a RuntimeError)
@@ -14,7 +16,7 @@ each keeps the built-in base that ``except`` clauses written before the tree sti
           ├── JobConflictError        409: not allowed in the job's state
           └── InvalidJobError         422: a bad request, naming the field (also a ValueError)
 
-Foreign exceptions (``http.client``'s, ``socket``'s, ``json``'s) are translated where the client
+Foreign exceptions (``http.client``'s, ``socket``'s, ``ssl``'s, ``json``'s) are translated where the client
 meets them, ``raise ServerNotFoundError(...) from exc``: the original is the ``__cause__``.
 Two kinds pass through untranslated: :meth:`Job.result() <trainforge.client.Job.result>` raises the
 run's own error, as ``fit()`` would have raised it; an argument of the wrong type (a job spec that
@@ -40,6 +42,13 @@ class ServerNotFoundError(ClientError, ConnectionError):
 class ServerTimeoutError(ServerNotFoundError, TimeoutError):
     """The server took the connection but did not answer within the client's ``timeout``: it may
     be busy (``Client(timeout=...)`` waits longer). ``sent`` as for :class:`ServerNotFoundError`."""
+
+
+class ServerCertificateError(ClientError):
+    """An HTTPS server answered, but the client does not trust its certificate (OpenSSL's reason in
+    the message: self-signed, issued for another name, expired), or it is not the certificate its
+    state directory recorded. Not a :class:`ServerNotFoundError`: something does answer there, and
+    waiting or retrying changes nothing; the message says what to set."""
 
 
 class BadResponseError(ClientError):

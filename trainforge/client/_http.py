@@ -6,7 +6,10 @@ of the client's (:mod:`trainforge.client._errors`), the original as its ``__caus
     the connection not accepted within ``timeout``                        ServerTimeoutError(sent=False)
     connected, no reply within ``timeout``                                ServerTimeoutError(sent=True)
     the connection lost, or the reply cut short, after the request went   ServerNotFoundError(sent=True)
-    a reply that is not HTTP (a status line, a header that is not)        BadResponseError
+    an HTTPS certificate not trusted (self-signed, another name, expired) ServerCertificateError
+      or not the one the server's state directory recorded (``pinned``)
+    a reply that is not HTTP (a status line, a header that is not), or    BadResponseError
+      not TLS where the address says https://
 
 A fresh connection per request (loopback connects in microseconds; nothing kept alive goes stale,
 nothing is shared between threads), and nothing heavier imported, so a fresh ``trainforge`` command
@@ -19,6 +22,7 @@ import contextlib
 import http.client
 import json
 import socket
+import ssl
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -27,8 +31,15 @@ from trainforge.client._errors import (
     BadResponseError,
     ClientConfigError,
     ClientError,
+    ServerCertificateError,
     ServerNotFoundError,
     ServerTimeoutError,
+)
+
+TRUST_HINT = (
+    "trust a self-signed certificate with SSL_CERT_FILE=/path/to/cert.pem (the server's --tls-cert); reach the "
+    "server by a name its certificate holds; on the server's machine, `trainforge` commands trust it by its "
+    "state directory (--state-dir or $TRAINFORGE_SERVER_DIR)"
 )
 
 
@@ -41,9 +52,12 @@ class Response(NamedTuple):
 class Transport:
     """Requests to the server at ``address`` (``http[s]://host[:port][/path]``), each path under
     ``prefix``, with ``token`` as the bearer token; ``timeout``: seconds to connect, and then
-    between bytes of a reply (not for streams once they answered)."""
+    between bytes of a reply (not for streams once they answered); ``pinned``: the one certificate
+    (DER) an HTTPS server must present, trusted whatever names it holds (the server's own, read from
+    its state directory: :func:`~trainforge.client._discovery.server_certificate`), else the
+    standard library's trust (the system's authorities, ``$SSL_CERT_FILE``) and a hostname check."""
 
-    def __init__(self, address: str, *, prefix: str, token: str | None, timeout: float):
+    def __init__(self, address: str, *, prefix: str, token: str | None, timeout: float, pinned: bytes | None = None):
         url = urllib.parse.urlsplit(address)
         try:
             port = url.port
@@ -62,14 +76,45 @@ class Transport:
         self._prefix = url.path.rstrip("/") + prefix
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = timeout
+        self._pinned = pinned if self._https else None
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        if not self._https:
+            return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        context = ssl.create_default_context()
+        if self._pinned is not None:  # the certificate itself is the trust: compared after the handshake
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=context)
 
     def _connect(self, timeout: float) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = cls(self._host, self._port, timeout=timeout)
+        conn = self._connection(timeout)
         try:
             conn.connect()
             assert conn.sock is not None
+            if self._pinned is not None and isinstance(conn.sock, ssl.SSLSocket) \
+                    and conn.sock.getpeercert(binary_form=True) != self._pinned:  # fmt: skip
+                raise ServerCertificateError(
+                    f"the train server at {self.address} presents a certificate other than the one its state "
+                    "directory holds (server_cert.pem): another program answers at that address, or the server "
+                    "restarted with a new certificate since this client read it (a new client reads it again)"
+                )
             conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except ServerCertificateError:
+            conn.close()
+            raise
+        except ssl.SSLCertVerificationError as exc:
+            conn.close()
+            raise ServerCertificateError(
+                f"the train server at {self.address} answered, but its TLS certificate is not trusted "
+                f"({exc.verify_message}): {TRUST_HINT}"
+            ) from exc
+        except ssl.SSLError as exc:
+            conn.close()
+            raise BadResponseError(
+                f"something answered at {self.address}, but the TLS handshake failed ({exc.reason or exc}): "
+                "is it a train server started with --tls-cert? (a plain one's address starts with http://)"
+            ) from exc
         except TimeoutError as exc:
             conn.close()
             raise ServerTimeoutError(

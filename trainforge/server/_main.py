@@ -9,6 +9,9 @@ Files in the state directory (``~/.trainforge/server`` by default):
 - ``scrape_token`` (mode 0600): the token that may read ``/metrics`` and nothing else (for Prometheus);
 - ``address``: the URL, for clients on this machine (removed on a clean stop);
 - ``server.json``: pid, process start time and URL of the server running now;
+- ``server_cert.pem``: with TLS, a copy of the certificate it serves (removed on a clean stop): the
+  client on this machine trusts exactly that one for the URL in ``address``, so ``trainforge server
+  status``/``stop`` and every command here work with a self-signed certificate or one for another name;
 - ``server.lock``: held (``flock``) while a server runs, so two never share a state directory;
 - ``jobs/<id>/``: each job's spec, trainer, grant, output, events, exit status and result.
 """
@@ -19,6 +22,7 @@ import ctypes
 import fcntl
 import json
 import os
+import re
 import secrets
 import signal
 import stat
@@ -32,7 +36,7 @@ from typing import IO, Any
 # http.listen to import-linter, which is not the named interface.
 from trainforge._internal import http
 from trainforge._internal.amounts import fmt_resources
-from trainforge._internal.constants import SERVER_LOCK_FILE
+from trainforge._internal.constants import SERVER_CERT_FILE, SERVER_LOCK_FILE
 from trainforge._internal.state_files import DIR_MODE, open_append, read_text, write_atomic
 from trainforge.server._config import (
     RAY_KV_KEY,
@@ -257,6 +261,10 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
         os.path.join(config.state_dir, SERVER_FILE),
         json.dumps({"pid": os.getpid(), "create_time": psutil.Process().create_time(), "url": url, "started": time.time()}),
     )
+    if config.tls_cert is not None:  # before the address: a client that finds the address finds the certificate
+        with open(config.tls_cert) as f:  # its certificates only: a PEM file may hold the key as well
+            certs = re.findall(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----\n?", f.read(), re.S)
+        write_atomic(os.path.join(config.state_dir, SERVER_CERT_FILE), "".join(certs))
     write_atomic(os.path.join(config.state_dir, ADDRESS_FILE), url)
     ray_entry = _publish_on_ray(url, config.state_dir) if ray_total is not None else None
     allowed = set(http.allowed_hosts(config.host))  # the rule of every trainforge server (trainforge serve's too)
@@ -296,7 +304,7 @@ def serve(config: ServerConfig, *, announce: Callable[[str], None] = print) -> N
         service.close()
         info = read_server_info(config.state_dir)
         if info and info.get("pid") == os.getpid():
-            for name in (ADDRESS_FILE, SERVER_FILE):
+            for name in (ADDRESS_FILE, SERVER_FILE, SERVER_CERT_FILE):
                 try:
                     os.remove(os.path.join(config.state_dir, name))
                 except FileNotFoundError:
@@ -336,7 +344,7 @@ def start_background_server(state_dir: str | None = None, *, extra_args: list[st
     if note is not None:
         announce(note)
     check_not_running(state_dir)  # a running server's files are left alone
-    for stale in (ADDRESS_FILE, SERVER_FILE):
+    for stale in (ADDRESS_FILE, SERVER_FILE, SERVER_CERT_FILE):
         try:
             os.remove(os.path.join(state_dir, stale))
         except FileNotFoundError:

@@ -226,7 +226,7 @@ def _server_info(args: Any) -> tuple[str, dict[str, Any] | None]:
 
 
 def _server_status(args: Any) -> int:
-    from trainforge.client import Client, ServerNotFoundError
+    from trainforge.client import Client, ClientError
 
     state_dir, info = _server_info(args)
     if info is None:
@@ -236,10 +236,13 @@ def _server_status(args: Any) -> int:
         with Client(info["url"], state_dir=state_dir) as client:
             health = client.health()
             res = client.resources()
-    except ServerNotFoundError:
-        print(f"no train server answers at {info['url']} (pid {info.get('pid')} is gone: it was killed); "
-              "`trainforge server start` reattaches its jobs")  # fmt: skip
-        return 3
+    except ClientError as exc:  # the client's own words: the cause (a certificate, a timeout) and what to do
+        if _server_process(info) is None:
+            print(f"no train server answers at {info['url']} (pid {info.get('pid')} is gone: it was killed); "
+                  "`trainforge server start` reattaches its jobs")  # fmt: skip
+            return 3
+        print(f"the train server runs (pid {info.get('pid')}), but this command cannot talk to it: {exc}", file=sys.stderr)
+        return 1
     if args.json:
         print_json({"url": info["url"], "state_dir": state_dir, **health, "resources": res})
         return 0
@@ -267,9 +270,9 @@ def _server_stop(args: Any) -> int:
             for job in client.jobs(list(ACTIVE_STATES), limit=1000):
                 print(f"stopping job {job.id} ...", flush=True)
                 client.job(job.id).stop()
+    proc = _server_process(info)
     try:
-        proc = psutil.Process(info["pid"])
-        if abs(proc.create_time() - info.get("create_time", 0)) > 0.01:
+        if proc is None:
             raise psutil.NoSuchProcess(info["pid"])
         proc.send_signal(signal.SIGTERM)
     except psutil.NoSuchProcess:
@@ -285,6 +288,20 @@ def _server_stop(args: Any) -> int:
         time.sleep(0.05)
     print(f"stopped the train server at {info['url']}")
     return 0
+
+
+def _server_process(info: dict[str, Any]) -> Any:
+    """The server process ``server.json`` names (a ``psutil.Process``), or None when it is gone (a
+    pid reused since by another process does not count: its start time differs)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(info["pid"])
+        if abs(proc.create_time() - info.get("create_time", 0)) > 0.01:
+            return None
+        return proc if _running(proc) else None
+    except (psutil.Error, KeyError, TypeError):  # gone, or not ours to look at
+        return None
 
 
 def _running(proc: Any) -> bool:

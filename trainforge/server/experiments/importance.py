@@ -13,13 +13,16 @@ value of each.
 Each parameter's distribution is the search space's (``TrialTagIn.space``: its range, log scale or
 choices) when its values fit in it, else what the values show (numbers: their range; anything else:
 its values as choices). Parameters with one value, or values that are not JSON scalars, are left out
-and said so (``skipped``). Values are plain floats in the answer. A result is kept until one of the
+and said so (``skipped``; the ones with one value also in ``constant`` and a note). Values are plain
+floats in the answer. Under :data:`SMALL_SAMPLE` finished trials the answer carries a ``warning`` and
+the figures of :data:`RESAMPLES` bootstrap resamples (:func:`_stability`: ``intervals``, ``stability``). A result is kept until one of the
 experiment's trials ends (:class:`ImportanceCache`).
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 import warnings
@@ -28,6 +31,13 @@ from typing import Any, Literal
 
 EVALUATORS = ("ped_anova", "fanova")
 MIN_TRIALS = 3  # finished trials it takes
+# Under this many finished trials the answer carries a warning and a bootstrap's intervals: fANOVA gave
+# a parameter the objective never reads 0.24-0.56 at 5 trials, ~0 from 20 on (docs/experiments.md).
+# Below 20 a resample costs milliseconds (PED-ANOVA) to ~0.1 s (fANOVA), so 10 of them stay cheap;
+# above, none is drawn (a 700-trial search takes 0.15-0.7 s once: ten more would be ten times that).
+SMALL_SAMPLE = 20
+RESAMPLES = 10
+CONSTANT = "the same value in every trial"
 
 
 class OptunaMissing(RuntimeError):
@@ -63,7 +73,7 @@ def distributions(trials: Sequence[dict[str, Any]], space: dict[str, dict[str, A
             continue
         distinct = set(map(repr, values))
         if len(distinct) < 2:
-            skipped[name] = "the same value in every trial"
+            skipped[name] = CONSTANT
             continue
         spec = space.get(name) or {}
         numbers = all(_is_number(v) for v in values)
@@ -87,8 +97,8 @@ def distributions(trials: Sequence[dict[str, Any]], space: dict[str, dict[str, A
 
 def compute(trials: Sequence[dict[str, Any]], space: dict[str, dict[str, Any]], mode: str | None,
             evaluator: str) -> dict[str, Any]:  # fmt: skip
-    """``{"importances", "trials", "skipped", "notes"}`` over ``trials`` (each ``{"config", "value"}``,
-    finished, with a finite value)."""
+    """``{"importances", "trials", "skipped", "constant", "warning", "stability", "intervals", "resamples",
+    "notes"}`` over ``trials`` (each ``{"config", "value"}``, finished, with a finite value)."""
     try:
         import optuna
     except ImportError as exc:
@@ -99,19 +109,26 @@ def compute(trials: Sequence[dict[str, Any]], space: dict[str, dict[str, Any]], 
         except ImportError as exc:
             raise OptunaMissing('fANOVA needs scikit-learn on the server: pip install scikit-learn '
                                 '(or use evaluator=ped_anova, which does not)') from exc  # fmt: skip
-    notes: list[str] = []
-    if len(trials) < MIN_TRIALS:
-        return {"importances": {}, "trials": len(trials), "skipped": {},
-                "notes": [f"{len(trials)} finished trial(s): importance needs at least {MIN_TRIALS}"]}  # fmt: skip
+    n = len(trials)
+    answer: dict[str, Any] = {"importances": {}, "trials": n, "skipped": {}, "constant": [], "warning": None,
+                              "stability": None, "intervals": {}, "resamples": 0, "notes": []}  # fmt: skip
+    if n < MIN_TRIALS:
+        answer["notes"] = [f"{n} finished trial(s): importance needs at least {MIN_TRIALS}"]
+        return answer
     dists, skipped = distributions(trials, space, optuna, every_trial=evaluator == "fanova")
+    constant = sorted(k for k, why in skipped.items() if why == CONSTANT)
+    answer.update(skipped=skipped, constant=constant)
+    notes: list[str] = [f"constant: {', '.join(constant)} (left out: a parameter that never changed explains nothing)"] \
+        if constant else []  # fmt: skip
     if not dists:
-        return {"importances": {}, "trials": len(trials), "skipped": skipped, "notes": ["no parameter varies"]}
-    if evaluator == "fanova":
-        chosen: Any = optuna.importance.FanovaImportanceEvaluator(n_trees=16, max_depth=8, seed=0)
-    else:
-        quantile = min(0.5, max(0.1, 5 / len(trials)))
-        chosen = optuna.importance.PedAnovaImportanceEvaluator(target_quantile=quantile)
-        notes.append(f"PED-ANOVA: what it took to reach the top {quantile:.0%} of {len(trials)} trials")
+        answer["notes"] = [*notes, "no parameter varies"]
+        return answer
+    if n < SMALL_SAMPLE:
+        answer["warning"] = (f"only {n} completed trial(s): with fewer than {SMALL_SAMPLE}, importance ranks parameters "
+                             "by chance (even one the objective never reads); read the intervals, not the ranking")  # fmt: skip
+    quantile = min(0.5, max(0.1, 5 / n))
+    if evaluator == "ped_anova":
+        notes.append(f"PED-ANOVA: what it took to reach the top {quantile:.0%} of {n} trials")
     direction: Literal["minimize", "maximize"] = "maximize" if mode == "max" else "minimize"
     made = []
     for t in trials:
@@ -125,14 +142,64 @@ def compute(trials: Sequence[dict[str, Any]], space: dict[str, dict[str, Any]], 
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            study = optuna.create_study(direction=direction)
-            study.add_trials(made)
-            raw = optuna.importance.get_param_importances(study, evaluator=chosen, normalize=True)
+            raw = _evaluate(optuna, made, direction, evaluator, quantile)
+            if n < SMALL_SAMPLE:
+                answer.update(_stability(optuna, made, direction, evaluator, quantile, raw))
     finally:
         storage_logger.setLevel(level)
     notes += sorted({str(w.message).splitlines()[0] for w in caught if "experimental" not in str(w.message).lower()})
-    return {"importances": {k: float(v) for k, v in raw.items()}, "trials": len(trials), "skipped": skipped,
-            "notes": notes}  # fmt: skip
+    answer.update(importances=raw, notes=notes)
+    return answer
+
+
+def _evaluate(optuna: Any, made: Sequence[Any], direction: str, evaluator: str, quantile: float) -> dict[str, float]:
+    """Normalized importances of the frozen trials ``made``, most important first."""
+    if evaluator == "fanova":
+        chosen: Any = optuna.importance.FanovaImportanceEvaluator(n_trees=16, max_depth=8, seed=0)
+    else:
+        chosen = optuna.importance.PedAnovaImportanceEvaluator(target_quantile=quantile)
+    study = optuna.create_study(direction=direction)
+    study.add_trials(made)
+    raw = optuna.importance.get_param_importances(study, evaluator=chosen, normalize=True)
+    return {k: float(v) for k, v in raw.items()}
+
+
+def _stability(optuna: Any, made: Sequence[Any], direction: str, evaluator: str, quantile: float,
+               full: dict[str, float]) -> dict[str, Any]:  # fmt: skip
+    """Importance recomputed on :data:`RESAMPLES` bootstrap resamples of the trials (drawn with
+    replacement, seed 0: the same trials, in any order, give the same figures): each parameter's 10-90% interval,
+    and ``stability``, the share of resamples whose top parameter is the full set's. A resample the
+    evaluator cannot rank (every value the same) is left out of both."""
+    rng = random.Random(0)
+    made = sorted(made, key=lambda t: (t.value, repr(sorted(t.params.items()))))  # the same draws, in any order
+    names = list(full)
+    runs: list[dict[str, float]] = []
+    for _ in range(RESAMPLES):
+        sample = [made[rng.randrange(len(made))] for _ in made]
+        if len({t.value for t in sample}) < 2:
+            continue
+        try:
+            got = _evaluate(optuna, sample, direction, evaluator, quantile)
+        except (ValueError, RuntimeError):  # a parameter with one value left in the resample, and the like
+            continue
+        runs.append({k: got.get(k, 0.0) for k in names})
+    if not runs:
+        return {}
+    top = names[0]
+    intervals = {}
+    for k in names:
+        values = sorted(r[k] for r in runs)
+        intervals[k] = [_quantile(values, 0.1), _quantile(values, 0.9)]
+    stable = sum(max(r, key=lambda k: r[k]) == top for r in runs) / len(runs)
+    return {"stability": stable, "intervals": intervals, "resamples": len(runs)}
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``sorted_values`` (linear between the nearest two)."""
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo))
 
 
 class ImportanceCache:

@@ -123,6 +123,12 @@ class ImportanceOut(BaseModel):
     importances: dict[str, float] = Field(description="param -> importance (summing to 1), most important first")
     trials: int = Field(description="the finished trials it rests on")
     skipped: dict[str, str] = Field(description="params left out, and why")
+    constant: list[str] = Field(description="params with one value in every trial (left out: in `skipped` too)")
+    warning: str | None = Field(description="under 20 completed trials: the ranking may be chance")
+    stability: float | None = Field(description="the share of bootstrap resamples whose top param is the top one "
+                                    "(under 20 trials; None above)")  # fmt: skip
+    intervals: dict[str, list[float]] = Field(description="param -> [10%, 90%] of its importance over the resamples")
+    resamples: int = Field(description="bootstrap resamples behind `stability` and `intervals` (seed 0)")
     notes: list[str]
     cached: bool
     computed_ms: float

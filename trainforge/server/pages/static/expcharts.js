@@ -204,10 +204,12 @@ export function drawDecisions(box, decisions, t0) {
 }
 
 // Importance: a bar per parameter, most important first.
-export function drawImportance(box, importances) {
+// Bars of the importances, each with its 10-90% interval over bootstrap resamples when there is one
+// (a line across the bar; the figures beside it), all on one scale.
+export function drawImportance(box, importances, intervals = {}) {
   box.replaceChildren();
   const entries = Object.entries(importances);
-  const top = Math.max(1e-12, ...entries.map(([, v]) => v));
+  const top = Math.max(1e-12, ...entries.map(([, v]) => v), ...Object.values(intervals).map(([, hi]) => hi));
   for (const [name, value] of entries) {
     const row = document.createElement("div");
     row.className = "imp-row";
@@ -221,9 +223,17 @@ export function drawImportance(box, importances) {
     bar.className = "imp-bar";
     bar.style.width = `${(100 * value) / top}%`;
     track.appendChild(bar);
+    const range = intervals[name];
+    if (range) {
+      const line = document.createElement("span");
+      line.className = "imp-interval";
+      line.style.left = `${(100 * range[0]) / top}%`;
+      line.style.width = `${Math.max(0.5, (100 * (range[1] - range[0])) / top)}%`;
+      track.appendChild(line);
+    }
     const num = document.createElement("span");
     num.className = "imp-value";
-    num.textContent = value.toFixed(3);
+    num.textContent = range ? `${value.toFixed(2)} (${range[0].toFixed(2)}–${range[1].toFixed(2)})` : value.toFixed(3);
     row.append(label, track, num);
     box.appendChild(row);
   }

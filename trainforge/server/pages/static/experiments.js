@@ -114,7 +114,11 @@ function experimentPage() {
   // Parallel coordinates: each parameter, then the metric, coloured by the metric (viridis: dark = low).
   function drawParcoords() {
     const rows = [...trials.values()];
-    const dims = params.map((p) => {
+    // A parameter with one value in every trial (a fixed batch size, a seed) gets no axis: it sorts nothing.
+    const constant = rows.length < 2 ? [] : params.filter((p) => new Set(rows.map((t) => JSON.stringify(t.config[p]))).size < 2);
+    document.getElementById("parcoords-constant").textContent = constant.length
+      ? `constant (no axis): ${constant.map((p) => `${p} = ${fmt(rows[0].config[p])}`).join(", ")}` : "";
+    const dims = params.filter((p) => !constant.includes(p)).map((p) => {
       const values = rows.map((t) => t.config[p]).filter((v) => v !== undefined && v !== null);
       const spec = exp.space[p] || {};
       const numeric = values.length && values.every((v) => typeof v === "number")
@@ -137,11 +141,21 @@ function experimentPage() {
     try {
       const imp = await importanceOf(evaluator);
       if (!imp) return; // a later request answers
-      if (Object.keys(imp.importances).length) drawImportance(box, imp.importances);
-      else box.innerHTML = `<p class=empty>${esc(imp.notes[0] || "Not enough finished trials yet.")}</p>`;
-      const skipped = Object.entries(imp.skipped).map(([k, why]) => `${k} (${why})`).join("; ");
+      if (Object.keys(imp.importances).length) drawImportance(box, imp.importances, imp.intervals);
+      else box.innerHTML = `<p class=empty>${esc(imp.notes.find((n) => !n.startsWith("constant:")) || imp.notes[0]
+        || "Not enough finished trials yet.")}</p>`;
+      const warning = document.getElementById("importance-warning");
+      warning.textContent = imp.warning || "";
+      warning.hidden = !imp.warning;
+      const constant = new Set(imp.constant);
+      const skipped = Object.entries(imp.skipped).filter(([k]) => !constant.has(k)).map(([k, why]) => `${k} (${why})`);
+      const stable = imp.stability === null ? ""
+        : `; the top parameter stays top in ${Math.round(100 * imp.stability)}% of ${imp.resamples} resamples `
+          + "(bars: 10-90% of them)";
       meta.textContent = `${imp.evaluator === "fanova" ? "fANOVA" : "PED-ANOVA"} over ${imp.trials} completed trial(s)`
-        + `${skipped ? `; left out: ${skipped}` : ""}${imp.cached ? "" : `; computed in ${imp.computed_ms.toFixed(0)} ms`}`;
+        + stable + (imp.constant.length ? `; constant: ${imp.constant.join(", ")}` : "")
+        + `${skipped.length ? `; left out: ${skipped.join("; ")}` : ""}`
+        + `${imp.cached ? "" : `; computed in ${imp.computed_ms.toFixed(0)} ms`}`;
       box.dataset.trials = String(imp.trials);
     } catch (err) {
       box.innerHTML = `<p class=empty>${esc(err.message)}</p>`;
