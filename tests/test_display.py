@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from trainforge._internal.amounts import fmt_bytes, fmt_resources
-from trainforge.server._config import parse_resources
+from trainforge._internal.key_values import parse_resources
 from trainforge.server._display import column_width, cut_middle, metric_rank, ordered_metrics
 
 # The values the browser test also gives static/units.js: both must print the same text.

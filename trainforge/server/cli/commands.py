@@ -23,11 +23,17 @@ from typing import Any
 
 from trainforge._internal.amounts import fmt_number, fmt_resources
 from trainforge._internal.http import DEFAULT_MAX_BODY
-from trainforge._internal.key_values import parse_key_values, size_arg
+from trainforge._internal.key_values import (
+    RESOURCES_METAVAR,
+    parse_key_values,
+    parse_resources,
+    resources_arg,
+    size_arg,
+)
 from trainforge._internal.resources import MIN_CPU_PER_WORKER
 from trainforge._internal.trainer_job import NUM_WORKERS
-from trainforge.client import ACTIVE_STATES, JobState
-from trainforge.server._config import DEFAULT_PORT, ServerConfig, default_state_dir, parse_resources
+from trainforge.client import ACTIVE_STATES, InvalidJobError, JobState
+from trainforge.server._config import DEFAULT_PORT, ServerConfig, default_state_dir
 from trainforge.server._display import ordered_metrics
 from trainforge.server.cli.listing import (
     client,
@@ -58,9 +64,9 @@ def add_commands(sub: Any) -> None:
     start.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     start.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)")
     _state_dir(start)
-    start.add_argument("--capacity", type=parse_resources, help="what jobs may use, e.g. CPU=8,GPU=2,memory=32G "
+    start.add_argument("--capacity", type=resources_arg, metavar=RESOURCES_METAVAR, help="what jobs may use, e.g. CPU=8,GPU=2,memory=32G "
                        "(default: this machine, or the Ray cluster, less --reserve)")  # fmt: skip
-    start.add_argument("--reserve", type=parse_resources, help="kept back from a measured capacity "
+    start.add_argument("--reserve", type=resources_arg, metavar=RESOURCES_METAVAR, help="kept back from a measured capacity "
                        "(default CPU=1 on 8+ CPUs, memory=min(2G, 10%%))")  # fmt: skip
     start.add_argument("--stop-grace", type=float, default=10.0, help="seconds a stopped job has to end cleanly")
     start.add_argument("--durable", action="store_true", help="fsync every commit (survives power loss)")
@@ -91,7 +97,7 @@ def add_commands(sub: Any) -> None:
                         help=f"CPUs per worker (default 1; each worker counts at least {fmt_number(MIN_CPU_PER_WORKER)})")
     submit.add_argument("--gpus", type=float, default=0.0, help="GPUs per worker (default 0)")
     submit.add_argument("--memory", help="memory per worker, e.g. 4G (admission only)")
-    submit.add_argument("--resources", type=parse_resources, help="other resources per worker, e.g. TPU=1")
+    submit.add_argument("--resources", type=resources_arg, metavar=RESOURCES_METAVAR, help="other resources per worker, e.g. TPU=1")
     submit.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     submit.add_argument("--name", help="job name (default: the script or function)")
     submit.add_argument("--hold", action="store_true", help="queue it held (start with `trainforge release ID`)")
@@ -300,9 +306,31 @@ def _running(proc: Any) -> bool:
 def _worker_range(text: str) -> tuple[int, int | None]:
     lo, sep, hi = text.partition("-")
     try:
-        return int(lo), (int(hi) if sep else None)
+        low, high = int(lo), (int(hi) if sep else None)
     except ValueError:
-        raise SystemExit(f"trainforge submit: --workers {text!r}: give N or MIN-MAX (e.g. 2 or 2-4)") from None
+        raise SystemExit(f"trainforge submit: --workers={text}: give N or MIN-MAX (e.g. 2 or 2-4)") from None
+    if low < 1 or (high is not None and high < low):
+        raise SystemExit(f"trainforge submit: --workers={text}: give a number >= 1, or MIN-MAX with 1 <= MIN <= MAX "
+                         "(e.g. 2 or 2-4)")  # fmt: skip
+    return low, high
+
+
+# The job spec's fields (the API's JobSpecIn) as `submit`'s options, to name a field the server refused.
+SPEC_OPTIONS = {
+    NUM_WORKERS: "--workers", "workers": "--workers", "max_workers": "--workers (its MAX)",
+    "per_worker": "--cpus/--gpus/--memory/--resources", "priority": "--priority", "max_retries": "--max-retries",
+    "name": "--name", "env": "--env", "config": "--config", "storage": "--storage", "path": "the script",
+    "target": "the module:function", "args": "the script's arguments",
+}  # fmt: skip
+
+
+def _refused(exc: InvalidJobError) -> str:
+    """The server's 422 for a submission, each field it names said as the option that set it."""
+    if not exc.problems:
+        return str(exc)
+    return "; ".join(
+        f"{SPEC_OPTIONS.get(field.split('.')[0], field)}: {msg}" if field else msg for field, msg in exc.problems
+    )
 
 
 def _submit(args: Any) -> int:
@@ -313,8 +341,10 @@ def _submit(args: Any) -> int:
     target = args.target
     for flag, amount in (("--cpus", args.cpus), ("--gpus", args.gpus)):
         if not (math.isfinite(amount) and amount >= 0):
-            raise SystemExit(f"trainforge submit: {flag} {fmt_number(amount)}: give a finite number >= 0 per worker (e.g. 0.5; "
-                             f"each worker counts at least {fmt_number(MIN_CPU_PER_WORKER)} CPU)")  # fmt: skip
+            raise SystemExit(f"trainforge submit: {flag}={fmt_number(amount)}: give a number >= 0 per worker (e.g. 0.5"
+                             + (f"; each worker counts at least {fmt_number(MIN_CPU_PER_WORKER)} CPU)" if flag == "--cpus" else ")"))  # fmt: skip
+    if args.max_retries < 0:
+        raise SystemExit(f"trainforge submit: --max-retries={args.max_retries}: give a number >= 0")
     per_worker: dict[str, float] = {"CPU": args.cpus}
     if args.gpus:
         per_worker["GPU"] = args.gpus
@@ -353,7 +383,10 @@ def _submit(args: Any) -> int:
     else:
         raise SystemExit(f"trainforge submit: {target!r} is neither a script (.py) nor pkg.module:function")
     client = Client(args.address, state_dir=args.state_dir)
-    job = client.submit(spec, on_wait=lambda line: print(f"trainforge submit: {line}", file=sys.stderr, flush=True))
+    try:
+        job = client.submit(spec, on_wait=lambda line: print(f"trainforge submit: {line}", file=sys.stderr, flush=True))
+    except InvalidJobError as exc:
+        raise SystemExit(f"trainforge submit: {_refused(exc)}") from None
     status = job.submitted or job.status()
     print(f"trainforge: submitted job {job.id} ({status.name}): {status.state}"
           + (f", {status.pending}" if status.pending else "") + (EARLIER_TRY if not job.created else ""), flush=True)  # fmt: skip
