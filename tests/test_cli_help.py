@@ -83,3 +83,29 @@ def test_a_bad_resources_value_says_the_format_and_the_value():
         assert "KIND=AMOUNT[,KIND=AMOUNT...], e.g. CPU=4,GPU=1" in last and "parse_resources" not in last, last
     r = _trainforge("server", "start", "--half-life", "soon")
     assert "argument --half-life: 'soon': give a duration such as 90" in r.stderr, r.stderr
+
+
+def test_a_mistyped_command_or_choice_says_the_nearest_one():
+    r = _trainforge("sumbit", "x.py")
+    last = r.stderr.splitlines()[-1]
+    assert r.returncode == 2 and last.startswith("trainforge: error: argument command: invalid choice: 'sumbit': "
+                                                 "did you mean 'submit'? (choose from 'server', "), last  # fmt: skip
+    r = _trainforge("server", "strat")
+    assert "trainforge server: error: argument server_command: invalid choice: 'strat': did you mean 'start'?" in r.stderr
+    r = _trainforge("server", "start", "--job-isolation", "usrns")
+    assert "invalid choice: 'usrns': did you mean 'userns'? (choose from 'auto', 'uid', 'userns', 'off')" in r.stderr
+    r = _trainforge("frobnicate")  # nothing close: no guess
+    assert "invalid choice: 'frobnicate' (choose from " in r.stderr and "did you mean" not in r.stderr, r.stderr
+
+
+def test_an_unknown_option_of_a_subcommand_shows_that_subcommands_usage():
+    r = _trainforge("submit", "--wokers", "2", "x.py")
+    assert r.returncode == 2 and r.stderr.startswith("usage: trainforge submit "), r.stderr
+    assert r.stderr.splitlines()[-1] == "trainforge submit: error: unrecognized arguments: --wokers: did you mean '--workers'?"
+    r = _trainforge("server", "start", "--detatch")
+    assert r.stderr.startswith("usage: trainforge server start "), r.stderr
+    assert r.stderr.splitlines()[-1] == ("trainforge server start: error: unrecognized arguments: --detatch: "
+                                         "did you mean '--detach'?")  # fmt: skip
+    # The script's own options are its arguments, not the CLI's.
+    args = build_parser().parse_args(["submit", "--workers", "2", "train.py", "--epochs", "3"])
+    assert args.target == "train.py" and args.args == ["--epochs", "3"]
