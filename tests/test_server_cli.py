@@ -637,7 +637,9 @@ def test_second_detached_start_leaves_the_running_server_alone(tmp_path):
     ok(None, "server", "start", "--detach", "--state-dir", d, "--port", "0", "--capacity", "CPU=1")
     server = psutil.Process(json.loads((d / "server.json").read_text())["pid"])
     try:
-        msg = one_line_error(tf(None, "server", "start", "--detach", "--state-dir", d, "--port", "0"))
+        again = tf(None, "server", "start", "--detach", "--state-dir", d, "--port", "0")
+        msg = one_line_error(again)
+        assert again.stdout == "", again.stdout  # said nothing of starting before finding it runs
         assert f"a train server already runs with state directory {d} (pid {server.pid}, " in msg
         assert ok(None, "server", "status", "--state-dir", d).startswith("train server at http://127.0.0.1:")
         assert ok(None, "server", "stop", "--state-dir", d).splitlines()[-1].startswith("stopped the train server at ")

@@ -43,6 +43,7 @@ from trainforge.server.cli.listing import (
     queue_command,
     resources_command,
 )
+from trainforge.server.cli.stopping import stop_saying
 from trainforge.server.cli.team import add_commands as add_team_commands
 from trainforge.server.cli.team import add_start_options, start_config
 from trainforge.server.cli.team import forward as team_forward
@@ -188,7 +189,13 @@ def _server_start(args: Any) -> int:
         max_body=args.max_body, **start_config(args),
     )  # fmt: skip
     if args.detach:
-        from trainforge.server._main import dashboard_url, own_terminal, read_token, start_background_server
+        from trainforge.server._main import (
+            check_not_running,
+            dashboard_url,
+            own_terminal,
+            read_token,
+            start_background_server,
+        )
 
         forward = ["--host", args.host, "--port", str(args.port), "--stop-grace", str(args.stop_grace),
                    "--max-body", str(args.max_body)]
@@ -205,6 +212,7 @@ def _server_start(args: Any) -> int:
         if args.registry:
             forward += ["--registry", args.registry]
         forward += team_forward(args)
+        check_not_running(config.state_dir)  # before saying it starts (start_background_server checks again)
         print(f"trainforge server: starting in the background (output in {config.state_dir}/server.log) ...", flush=True)
         url = start_background_server(config.state_dir, extra_args=forward)
         print(f"trainforge server: serving {url}\n  token: {config.state_dir}/token   state: {config.state_dir}")
@@ -271,8 +279,7 @@ def _server_stop(args: Any) -> int:
 
         with Client(info["url"], state_dir=state_dir) as client:
             for job in client.jobs(list(ACTIVE_STATES), limit=1000):
-                print(f"stopping job {job.id} ...", flush=True)
-                client.job(job.id).stop()
+                stop_saying(client.job(job.id), f"stopping job {job.id} ...")
     try:
         proc = psutil.Process(info["pid"])
         if abs(proc.create_time() - info.get("create_time", 0)) > 0.01:
@@ -435,10 +442,8 @@ def _status(args: Any) -> int:
 
 def _stop(args: Any) -> int:
     job = client(args).job(args.job_id)
-    if not job.status().ended:  # (an ended one: the server's 409 says so)
-        how = "killing" if args.force else "stopping"
-        print(f"{how} job {args.job_id} ...", flush=True)
-    status = job.stop(grace_s=args.grace, force=args.force)
+    how = "killing" if args.force else "stopping"
+    status = stop_saying(job, f"{how} job {args.job_id} ...", grace_s=args.grace, force=args.force)
     print(status.describe())
     return 0
 
