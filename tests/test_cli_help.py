@@ -58,3 +58,54 @@ def test_a_closed_pipe_ends_a_command_quietly(tmp_path):
             assert r.returncode in (0, 141), (args, r.returncode)
     finally:
         os.close(write)
+
+
+def _trainforge(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainforge", *args], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=60)  # fmt: skip
+
+
+def test_a_bad_resources_value_says_the_format_and_the_value():
+    # Every resources option reads its value one way, and says the format when it is wrong (not
+    # argparse's "invalid parse_resources value", an internal name).
+    from trainforge._internal.key_values import resources_arg
+
+    options = {(path, a.option_strings[0]) for path, p in commands(build_parser()) for a in p._actions
+               if a.type is resources_arg}  # fmt: skip
+    assert {(("submit",), "--resources"), (("server", "start"), "--capacity"), (("server", "start"), "--reserve"),
+            (("server", "start"), "--default-quota")} <= options, options  # fmt: skip
+    for args, option, word in ((("submit", "--resources", "GPU=x", "x.py"), "--resources", "'GPU=x': 'x'"),
+                               (("server", "start", "--capacity", "CPU=two"), "--capacity", "'CPU=two': 'two'"),
+                               (("server", "start", "--reserve", "CPU"), "--reserve", "'CPU' is not KIND=AMOUNT")):
+        r = _trainforge(*args)
+        last = r.stderr.splitlines()[-1]
+        assert r.returncode == 2 and f"argument {option}: {word}" in last, r.stderr
+        assert "KIND=AMOUNT[,KIND=AMOUNT...], e.g. CPU=4,GPU=1" in last and "parse_resources" not in last, last
+    r = _trainforge("server", "start", "--half-life", "soon")
+    assert "argument --half-life: 'soon': give a duration such as 90" in r.stderr, r.stderr
+
+
+def test_a_mistyped_command_or_choice_says_the_nearest_one():
+    r = _trainforge("sumbit", "x.py")
+    last = r.stderr.splitlines()[-1]
+    assert r.returncode == 2 and last.startswith("trainforge: error: argument command: invalid choice: 'sumbit': "
+                                                 "did you mean 'submit'? (choose from 'server', "), last  # fmt: skip
+    r = _trainforge("server", "strat")
+    assert "trainforge server: error: argument server_command: invalid choice: 'strat': did you mean 'start'?" in r.stderr
+    r = _trainforge("server", "start", "--job-isolation", "usrns")
+    assert "invalid choice: 'usrns': did you mean 'userns'? (choose from 'auto', 'uid', 'userns', 'off')" in r.stderr
+    r = _trainforge("frobnicate")  # nothing close: no guess
+    assert "invalid choice: 'frobnicate' (choose from " in r.stderr and "did you mean" not in r.stderr, r.stderr
+
+
+def test_an_unknown_option_of_a_subcommand_shows_that_subcommands_usage():
+    r = _trainforge("submit", "--wokers", "2", "x.py")
+    assert r.returncode == 2 and r.stderr.startswith("usage: trainforge submit "), r.stderr
+    assert r.stderr.splitlines()[-1] == "trainforge submit: error: unrecognized arguments: --wokers: did you mean '--workers'?"
+    r = _trainforge("server", "start", "--detatch")
+    assert r.stderr.startswith("usage: trainforge server start "), r.stderr
+    assert r.stderr.splitlines()[-1] == ("trainforge server start: error: unrecognized arguments: --detatch: "
+                                         "did you mean '--detach'?")  # fmt: skip
+    # The script's own options are its arguments, not the CLI's.
+    args = build_parser().parse_args(["submit", "--workers", "2", "train.py", "--epochs", "3"])
+    assert args.target == "train.py" and args.args == ["--epochs", "3"]

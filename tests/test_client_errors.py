@@ -225,6 +225,20 @@ def test_refusals_are_server_errors_naming_the_reason(tiny, status, cls):
     assert info.value.detail == ("priority: too big" if status == 422 else "no such thing")
 
 
+def test_a_refused_request_names_each_field_and_its_problem(tiny):
+    # The fields apart from their messages, so a CLI can name its own option; a model validator's
+    # pydantic prefix ("Value error, ") and an empty field (the request as a whole) are not shown.
+    detail = [{"loc": ["body", "num_workers"], "msg": "Input should be greater than or equal to 1"},
+              {"loc": ["body"], "msg": "Value error, max_workers=1 is less than num_workers=2"}]  # fmt: skip
+    server = tiny(lambda method, path: reply(422, json.dumps({"detail": detail})))
+    with pytest.raises(InvalidJobError) as info:
+        Client(server.address, token="t", timeout=30).job(1).stop()
+    assert info.value.problems == (("num_workers", "Input should be greater than or equal to 1"),
+                                   ("", "max_workers=1 is less than num_workers=2"))  # fmt: skip
+    assert info.value.detail == ("num_workers: Input should be greater than or equal to 1; "
+                                 "max_workers=1 is less than num_workers=2")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "address, token, words",
     [

@@ -1,4 +1,4 @@
-"""How the train server's CLI and pages show values (trainforge/server/_display.py, and the one number
+"""How the train server's CLI and pages show values (trainforge/_internal/display.py, and the one number
 formatter, trainforge/_internal/amounts.py): one rule each,
 and what those rules give for the cases a user met (issue 25: memory as ``0/2.3129e+10``, Tune trial
 names cut to one prefix, ``epoch`` before ``val_accuracy``)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from trainforge._internal.amounts import fmt_bytes, fmt_resources
-from trainforge.server._config import parse_resources
-from trainforge.server._display import column_width, cut_middle, metric_rank, ordered_metrics
+from trainforge._internal.display import column_width, cut_middle, metric_rank, ordered_metrics
+from trainforge._internal.key_values import parse_resources
 
 # The values the browser test also gives static/units.js: both must print the same text.
 BYTES_CASES = {
@@ -54,3 +54,20 @@ def test_validation_metrics_first_bookkeeping_last():
     ]  # fmt: skip
     assert metric_rank("step") == metric_rank("training_iteration") == 3
     assert metric_rank("loss") == 1
+
+
+def test_a_table_is_sized_to_its_content_and_cut_where_it_tells_least():
+    from trainforge._internal.display import table
+
+    header = ["ID", "NAME", "TRIALS", "STATES"]
+    rows = [["1", "asha-demo_objective_2026-11-29_01-02-03", "45", "5 TERMINATED (3 pruned)"], ["12", "b", "3", "-"]]
+    whole = table(header, rows, right=(0, 2), cut=1).splitlines()
+    assert whole == ["ID  NAME                                     TRIALS  STATES",
+                     " 1  asha-demo_objective_2026-11-29_01-02-03      45  5 TERMINATED (3 pruned)",
+                     "12  b                                             3  -"]  # fmt: skip
+    assert table(header, rows, right=(0, 2), cut=1, width=200).splitlines() == whole  # room: nothing cut
+    narrow = table(header, rows, right=(0, 2), cut=1, width=64).splitlines()
+    assert max(map(len, narrow)) <= 64
+    assert " asha-demo_ob...-29_01-02-03 " in narrow[1] and narrow[1].endswith("5 TERMINATED (3 pruned)"), narrow
+    tiny = table(header, rows, right=(0, 2), cut=1, width=40).splitlines()  # the name keeps its least, then the end goes
+    assert max(map(len, tiny)) <= 40 and "asha-de...-02-03" in tiny[1] and tiny[1].endswith("..."), tiny

@@ -678,3 +678,19 @@ def test_s3_register_alias_pull_push_and_integrity(bucket, tmp_path, atomic_s3_p
 
 def test_s3_concurrent_registers_and_alias_moves(bucket, tmp_path, atomic_s3_puts):
     _concurrent_writers(f"s3://{bucket}/registry", tmp_path)
+
+
+def test_cli_versions_shows_the_validation_metrics_first_and_fits_a_narrow_terminal(tmp_path, monkeypatch):
+    src = _dir(tmp_path, "ckpt", {"w": b"w"})
+    _cli("register", "net", src, "--metric", "epoch=2", "--metric", "batch_count=40", "--metric", "loss=0.31",
+         "--metric", "train_loss=0.3", "--metric", "val_accuracy=0.8333")  # fmt: skip
+    monkeypatch.setenv("COLUMNS", "200")
+    header, row = _cli("versions", "net").stdout.splitlines()
+    assert header.split() == ["VERSION", "CREATED", "SIZE", "ALIASES", "METRICS"]
+    assert row[header.index("METRICS"):].startswith("val_accuracy=0.8333 "), row  # no column cut before it
+    assert row.endswith("epoch=2 batch_count=40"), row  # bookkeeping last
+    monkeypatch.setenv("COLUMNS", "70")
+    header, row = _cli("versions", "net").stdout.splitlines()
+    assert len(row) <= 70 and "val_accuracy=0.8333" in row and row.endswith("..."), row
+    monkeypatch.delenv("COLUMNS")  # a pipe: every value whole
+    assert _cli("versions", "net").stdout.splitlines()[1].endswith("epoch=2 batch_count=40")

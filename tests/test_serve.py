@@ -715,3 +715,19 @@ def test_allowed_hosts():
     assert "models.example" in allowed_hosts(ServeConfig(host="10.1.2.3", token=TOKEN, allowed_hosts=("Models.Example",)))
     wild = allowed_hosts(ServeConfig(host="0.0.0.0", token=TOKEN))
     assert socket.gethostname().lower() in wild and "0.0.0.0" in wild
+
+
+def test_cli_finds_its_port_taken_before_it_looks_for_the_model(tmp_path, capsys):
+    import socket
+
+    from trainforge._cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        # The registry is empty: a server that looked for the model first would say there is none.
+        assert main(["serve", "models:/m@prod", "--port", str(port), "--registry", str(tmp_path / "empty")]) == 1
+    out, err = capsys.readouterr()
+    assert "resolving" not in out and "loading" not in out, out  # nothing was looked up or loaded
+    assert f"127.0.0.1:{port}" in err and "in use" in err, err

@@ -161,7 +161,7 @@ def test_jobs_have_owners_members_change_only_their_own_and_the_403_names_the_ru
     r = api.as_("owner", "POST", f"{P}/jobs/{bobs['id']}/stop", json={})
     assert r.status_code == 403
     assert r.json()["detail"] == (f"forbidden by rule 'job.change': member 'ann' may change only their own jobs, and job "
-                                  f"{bobs['id']} is 'bob''s: ask 'bob' or an admin")  # fmt: skip
+                                  f"{bobs['id']} belongs to 'bob': ask 'bob' or an admin")  # fmt: skip
     assert api.as_("owner", "POST", f"{P}/jobs/{anns['id']}/stop", json={}).json()["state"] == "STOPPED"
     assert api.as_("admin", "POST", f"{P}/jobs/{bobs['id']}/stop", json={}).json()["state"] == "STOPPED"
     # priority is the admins' to hand out: a member stays at or below member_max_priority (0)
@@ -234,7 +234,7 @@ def test_a_user_added_again_under_a_removed_users_name_inherits_none_of_their_jo
                                ("DELETE", f"/jobs/{waiting['id']}", None)):  # fmt: skip
         r = api.as_("bob2", method, f"{P}{path}", **({"json": body} if body is not None else {}))
         assert r.status_code == 403, (path, r.text)
-        assert r.json()["detail"].endswith(f"is {tombstone!r}'s: its user was removed: ask an admin"), r.text
+        assert r.json()["detail"].endswith(f"belongs to {tombstone!r}: its user was removed: ask an admin"), r.text
     assert api.service.get(running["id"]).state == "RUNNING"
     # The new bob holds nothing, has used nothing, and his quota counts none of the old bob's 2 CPUs.
     assert api.as_("bob2", "GET", f"{P}/whoami").json()["holds"] == {}

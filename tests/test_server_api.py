@@ -43,9 +43,10 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     status_code_conformance,
 )
 
+from trainforge._internal.key_values import parse_resources  # noqa: E402
 from trainforge.client import JobState  # noqa: E402
 from trainforge.server._app import cookie_name, make_app  # noqa: E402
-from trainforge.server._config import ServerConfig, parse_resources  # noqa: E402
+from trainforge.server._config import ServerConfig  # noqa: E402
 from trainforge.server.jobs.runner import EVENTS_FILE, OUTPUT_FILE  # noqa: E402
 from trainforge.server.jobs.service import JobService  # noqa: E402
 from trainforge.server.pages import dashboard as _dashboard  # noqa: E402

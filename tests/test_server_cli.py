@@ -607,19 +607,26 @@ def test_user_errors_are_one_line_without_traceback(train_server, tmp_path):
     missing = tmp_path / "missing.py"
     assert one_line_error(tf(d, "submit", missing)) == f"trainforge submit: no such script {str(missing)!r}"
     msg = one_line_error(tf(d, "submit", "--workers", "x", END, "0"))
-    assert msg == "trainforge submit: --workers 'x': give N or MIN-MAX (e.g. 2 or 2-4)"
+    assert msg == "trainforge submit: --workers=x: give N or MIN-MAX (e.g. 2 or 2-4)"
     msg = one_line_error(tf(d, "submit", "--env", "NOVALUE", END, "0"))
     assert msg == "trainforge submit: --env 'NOVALUE': write KEY=VALUE"
     msg = one_line_error(tf(d, "submit", "not_a_target"))
     assert "'not_a_target' is neither a script (.py) nor pkg.module:function" in msg
     for flag, bad in (("--cpus", "-1"), ("--cpus", "nan"), ("--cpus", "inf"), ("--gpus", "-0.5")):
         msg = one_line_error(tf(d, "submit", f"{flag}={bad}", END, "0"))
-        assert msg == (f"trainforge submit: {flag} {float(bad):g}: give a finite number >= 0 per worker (e.g. 0.5; "
-                       "each worker counts at least 0.1 CPU)"), msg  # fmt: skip
-    msg = one_line_error(tf(d, "submit", "--workers", "0", END, "0"))
-    assert msg == "trainforge: num_workers: Input should be greater than or equal to 1 (HTTP 422)"
+        assert msg == (f"trainforge submit: {flag}={float(bad):g}: give a number >= 0 per worker (e.g. 0.5"
+                       + ("; each worker counts at least 0.1 CPU)" if flag == "--cpus" else ")")), msg  # fmt: skip
+    # Checked here, before any request, in the options' terms (not the API's field and an HTTP status).
+    for args, said in ((("--workers", "0"), "--workers=0: give a number >= 1, or MIN-MAX"),
+                       (("--workers", "3-2"), "--workers=3-2: give a number >= 1, or MIN-MAX with 1 <= MIN <= MAX"),
+                       (("--max-retries", "-1"), "--max-retries=-1: give a number >= 0")):  # fmt: skip
+        assert one_line_error(tf(d, "submit", *args, END, "0")).startswith(f"trainforge submit: {said}")
+    # What only the server can check: its answer names the option, not the API's field.
     msg = one_line_error(tf(d, "submit", "--workers", "3", END, "0"))  # more than the server has
-    assert "3 CPU (capacity 2)" in msg and "(HTTP 422)" in msg
+    assert msg.startswith("trainforge submit: --workers: ") and "3 CPU (capacity 2)" in msg, msg
+    assert "HTTP 422" not in msg and "num_workers" not in msg, msg
+    msg = one_line_error(tf(d, "submit", "--priority", "10000000", END, "0"))
+    assert msg == "trainforge submit: --priority: Input should be less than or equal to 1000000", msg
     assert json.loads(ok(d, "jobs", "--json")) == []  # nothing was queued
 
     # No server where the CLI looks.
@@ -661,7 +668,9 @@ def test_second_detached_start_leaves_the_running_server_alone(tmp_path):
     ok(None, "server", "start", "--detach", "--state-dir", d, "--port", "0", "--capacity", "CPU=1")
     server = psutil.Process(json.loads((d / "server.json").read_text())["pid"])
     try:
-        msg = one_line_error(tf(None, "server", "start", "--detach", "--state-dir", d, "--port", "0"))
+        again = tf(None, "server", "start", "--detach", "--state-dir", d, "--port", "0")
+        msg = one_line_error(again)
+        assert again.stdout == "", again.stdout  # said nothing of starting before finding it runs
         assert f"a train server already runs with state directory {d} (pid {server.pid}, " in msg
         assert ok(None, "server", "status", "--state-dir", d).startswith("train server at http://127.0.0.1:")
         assert ok(None, "server", "stop", "--state-dir", d).splitlines()[-1].startswith("stopped the train server at ")

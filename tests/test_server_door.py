@@ -103,7 +103,7 @@ def test_the_role_is_checked_before_a_byte_of_the_body_is_read_with_the_rule_nam
     _, reply = raw(api.app, "POST", f"{P}/jobs/{anns}/stop", {"Authorization": f"Bearer {api.tokens['member']}", **JSON,
                                                                  "Content-Length": "2"})  # fmt: skip
     assert reply["detail"] == (f"forbidden by rule 'job.change': member 'bob' may change only their own jobs, and job "
-                               f"{anns} is 'ann''s: ask 'ann' or an admin")  # fmt: skip
+                               f"{anns} belongs to 'ann': ask 'ann' or an admin")  # fmt: skip
     refused = [e for e in audit(api) if e[4] == 403]
     assert ("bob", "job.change", "POST", f"{P}/jobs/{anns}/stop", 403) in refused
     assert ("val", "model.write", "PUT", f"{P}/models/m1/aliases/prod", 403) in refused

@@ -315,3 +315,27 @@ def test_an_urgent_job_preempts_within_the_exemption_on_a_quiet_server(tmp_path,
         left = server.cleanup()
     assert not left, f"job processes left behind: {left}"
     assert "Traceback" not in server.output, server.output
+
+
+def test_stopping_another_members_job_is_refused_before_a_word_of_stopping(tmp_path):
+    from trainforge._testing.server import TrainServer
+    from trainforge.server import Client
+
+    server = TrainServer(str(tmp_path / "server"), capacity="CPU=1").start()
+    try:
+        state = ["--state-dir", server.state_dir]
+        ann = _token(_cli("server", "users", "add", "ann", "--role", "member", *state))
+        bob = _token(_cli("server", "users", "add", "bob", "--role", "member", *state))
+        held = Client(server.url, token=ann).submit({"kind": "script", "path": str(tmp_path / "t.py"), "hold": True})
+        proc = subprocess.run([sys.executable, "-m", "trainforge", "stop", str(held.id), "--address", server.url],
+                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                              env={**os.environ, "TRAINFORGE_TOKEN": bob})  # fmt: skip
+        assert proc.returncode == 1 and proc.stdout == "", proc.stdout + proc.stderr  # no "stopping job 1 ..."
+        assert proc.stderr == (f"trainforge: forbidden by rule 'job.change': member 'bob' may change only their own "
+                               f"jobs, and job {held.id} belongs to 'ann': ask 'ann' or an admin (HTTP 403)\n")  # fmt: skip
+        assert held.status().state == "HELD"
+        out = _cli("stop", str(held.id), "--address", server.url, env={"TRAINFORGE_TOKEN": ann})
+        assert out.splitlines() == [f"stopping job {held.id} ...", f"job {held.id} (t.py): STOPPED"], out
+    finally:
+        left = server.cleanup()
+    assert not left, f"job processes left behind: {left}"

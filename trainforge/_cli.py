@@ -7,10 +7,12 @@ that goes away (``trainforge jobs | head -2``) ends the command quietly, as ``ps
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 # The docs page of each command (a command not named here has its parent's): paths in the checkout,
 # which tests/test_docs.py checks (page and anchor exist).
@@ -52,6 +54,41 @@ def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Ite
                 yield from commands(sub, (*path, name))
 
 
+class Parser(argparse.ArgumentParser):
+    """The parser of ``trainforge`` and, through ``add_subparsers`` (which makes its parsers of its
+    own class), of every subcommand. Two differences from argparse's:
+
+    - a mistyped choice says the nearest one (``invalid choice: 'sumbit': did you mean 'submit'?``),
+      a command's name or an option's value alike;
+    - an option a subcommand does not know is reported by that subcommand, with its usage
+      (``trainforge submit: error: unrecognized arguments: --wokers``), where argparse hands it up to
+      the top-level parser, whose usage lists only the commands. No ``trainforge`` command takes
+      unknown options on to something else (a script's own arguments are its ``REMAINDER``)."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}" + _suggestion(extras[0], self._option_names()))
+        return parsed, extras
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            names = [str(c) for c in action.choices]
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{_suggestion(str(value), names)} "
+                                                 f"(choose from {', '.join(map(repr, names))})")  # fmt: skip
+
+    def _option_names(self) -> list[str]:
+        return [name for action in self._actions for name in action.option_strings]
+
+
+def _suggestion(word: str, names: list[str]) -> str:
+    """``": did you mean 'submit'?"`` for ``word`` "sumbit" among ``names``; "" when none is close."""
+    close = difflib.get_close_matches(word.partition("=")[0], names, n=1)
+    return f": did you mean {close[0]!r}?" if close else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     from trainforge.registry.cli import add_commands as models_commands
     from trainforge.registry.train_cli import add_commands as train_commands
@@ -59,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     from trainforge.server.cli.commands import add_commands as server_commands
     from trainforge.tune.cli import add_commands as tune_commands
 
-    parser = argparse.ArgumentParser(prog="trainforge", description="trainforge: data-parallel training, a train server")
+    parser = Parser(prog="trainforge", description="trainforge: data-parallel training, a train server")
     sub = parser.add_subparsers(dest="command", required=True)
     server_commands(sub)
     models_commands(sub)

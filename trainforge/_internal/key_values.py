@@ -3,9 +3,13 @@ team=vision``): one reading for every CLI, each value JSON when it parses as JSO
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable
-from typing import Any
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def parse_key_values(items: Iterable[str], option: str) -> dict[str, Any]:
@@ -55,11 +59,46 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def size_arg(text: str) -> int:
-    """:func:`parse_size` as an argparse ``type=``: its message is what argparse prints."""
-    import argparse
+# The format of every resources option (--resources, --capacity, --reserve, --quota, --default-quota).
+RESOURCES_FORMAT = "KIND=AMOUNT[,KIND=AMOUNT...]"
+RESOURCES_METAVAR = "KIND=AMOUNT,..."
 
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+
+def parse_resources(text: str) -> dict[str, float]:
+    """``"CPU=8,GPU=2,memory=32G"`` -> ``{"CPU": 8.0, "GPU": 2.0, "memory": 32e9}``. ValueError naming
+    the bad word, its value and the format (:data:`RESOURCES_FORMAT`) when it is malformed."""
+    how = f"give {RESOURCES_FORMAT}, e.g. CPU=4,GPU=1,memory=32G"
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, sep, amount = part.partition("=")
+        if not sep or not kind.strip():
+            raise ValueError(f"{part!r} is not KIND=AMOUNT: {how}")
+        try:
+            value = parse_amount(amount)
+        except ValueError:
+            raise ValueError(f"{part!r}: {amount.strip()!r} is not a number with an optional unit: {how}") from None
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{part!r}: the amount must be a finite number >= 0: {how}")
+        out[kind.strip()] = value
+    return out
+
+
+def argument_type(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """``parse`` as an argparse ``type=``: argparse prints its ValueError's message after the option's
+    name (``argument --resources: 'GPU=x': 'x' is not a number ...``), where a plain ValueError would
+    print only ``invalid parse_resources value: 'GPU=x'``."""
+
+    @functools.wraps(parse)
+    def convert(text: str) -> T:
+        import argparse
+
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+size_arg = argument_type(parse_size)
+resources_arg = argument_type(parse_resources)

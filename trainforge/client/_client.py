@@ -148,13 +148,17 @@ class Client:
             detail = _json.loads(body).get("detail")
         except (ValueError, AttributeError):
             detail = body.decode("utf-8", errors="replace")
+        problems: tuple[tuple[str, str], ...] = ()
         if isinstance(detail, list):
-            detail = "; ".join(
-                f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg')}" if isinstance(d, dict) else str(d)
-                for d in detail
-            )
+            # pydantic's loc starts with where ("body"); a model validator's message starts "Value error, "
+            problems = tuple(
+                (".".join(str(x) for x in d.get("loc", [])[1:]), str(d.get("msg")).removeprefix("Value error, "))
+                for d in detail if isinstance(d, dict)
+            )  # fmt: skip
+            detail = "; ".join([f"{field}: {msg}" if field else msg for field, msg in problems]
+                               + [str(d) for d in detail if not isinstance(d, dict)])  # fmt: skip
         cls = {404: JobNotFoundError, 409: JobConflictError, 422: InvalidJobError}.get(status, ServerError)
-        raise cls(status, str(detail))
+        raise cls(status, str(detail), problems)
 
     # -- API --------------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:

@@ -67,12 +67,16 @@ class JobTimeoutError(ClientError, TimeoutError):
 
 
 class ServerError(ClientError, RuntimeError):
-    """The server refused a request: ``status`` (HTTP) and ``detail`` (its reason)."""
+    """The server refused a request: ``status`` (HTTP) and ``detail`` (its reason). ``problems``:
+    for a request the schema refused, each ``(field, message)`` it named (``("num_workers", "Input
+    should be greater than or equal to 1")``; field "" for the request as a whole), so a caller can
+    say which of its own options it was (``trainforge submit`` says ``--workers``)."""
 
-    def __init__(self, status: int, detail: str):
+    def __init__(self, status: int, detail: str, problems: tuple[tuple[str, str], ...] = ()):
         super().__init__(f"{detail} (HTTP {status})")
         self.status = status
         self.detail = detail
+        self.problems = problems
 
 
 class JobNotFoundError(ServerError, LookupError):

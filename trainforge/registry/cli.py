@@ -26,6 +26,7 @@ import sys
 from typing import Any
 
 from trainforge._internal.amounts import fmt_metric
+from trainforge._internal.display import ordered_metrics, table, terminal_width
 from trainforge._internal.key_values import parse_key_values
 
 
@@ -150,11 +151,9 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    if not rows:
-        return ""
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows])
+def _table(rows: list[list[str]], header: list[str], *, right: tuple[int, ...] = (), cut: int | None = None) -> str:
+    """The rows as a table sized to their content and to the terminal (:func:`~trainforge._internal.display.table`)."""
+    return table(header, rows, right=right, cut=cut, width=terminal_width()) if rows else ""
 
 
 def _list(reg: Any, args: Any) -> None:
@@ -162,11 +161,12 @@ def _list(reg: Any, args: Any) -> None:
     rows = [[m.name, str(m.latest_version or "-"), str(m.num_versions),
              ", ".join(f"{a}->{v}" for a, v in m.aliases.items()) or "-", _when(m.updated_at)] for m in models]  # fmt: skip
     _out(args, [m.to_dict() for m in models],
-         _table(rows, ["NAME", "LATEST", "VERSIONS", "ALIASES", "UPDATED"]) or f"no models in {reg.url}")  # fmt: skip
+         _table(rows, ["NAME", "LATEST", "VERSIONS", "ALIASES", "UPDATED"], right=(1, 2), cut=0) or f"no models in {reg.url}")  # fmt: skip
 
 
 def _metrics_text(metrics: dict[str, Any]) -> str:
-    return " ".join(f"{k}={fmt_metric(v)}" if isinstance(v, float) else f"{k}={v}" for k, v in list(metrics.items())[:4]) or "-"
+    """Every metric, the ones people look for first (validation) first: a narrow terminal cuts the end."""
+    return " ".join(f"{k}={fmt_metric(v)}" if isinstance(v, float) else f"{k}={v}" for k, v in ordered_metrics(metrics)) or "-"
 
 
 def _versions(reg: Any, args: Any) -> None:
@@ -175,7 +175,7 @@ def _versions(reg: Any, args: Any) -> None:
     rows = [[str(v.version), _when(v.created_at), _size(v.size), ", ".join(a for a, n in aliases.items() if n == v.version)
              or "-", _metrics_text(v.metrics)] for v in versions]  # fmt: skip
     _out(args, [v.to_dict() for v in versions],
-         _table(rows, ["VERSION", "CREATED", "SIZE", "ALIASES", "METRICS"]) or f"{args.name} has no versions left")  # fmt: skip
+         _table(rows, ["VERSION", "CREATED", "SIZE", "ALIASES", "METRICS"], right=(0, 2)) or f"{args.name} has no versions left")  # fmt: skip
 
 
 def _show(reg: Any, args: Any) -> None:

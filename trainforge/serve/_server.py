@@ -76,12 +76,13 @@ class ModelServer:
         Raises what stopped the model from loading."""
         if self._thread is not None:
             raise RuntimeError("ModelServer.start() was called twice")
+        sock = http.listen(self.config.host, self.config.port)  # first: a taken port fails before a model loads
         if self.engine.current is None:  # load here: a missing model raises in the caller, not in uvicorn
             try:
                 self.engine.load_now()
             except Exception as exc:
+                sock.close()
                 raise RuntimeError(f"cannot load {self.engine.source.describe()}: {type(exc).__name__}: {exc}") from exc
-        sock = http.listen(self.config.host, self.config.port)
         self._server = self._uvicorn(sock, self._on_ready)
 
         def run() -> None:
@@ -118,10 +119,12 @@ class ModelServer:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def run(self, announce: Callable[[str], None] = print) -> None:
+    def run(self, announce: Callable[[str], None] = print, *, sock: socket.socket | None = None) -> None:
         """Serve in this thread until SIGTERM or SIGINT (Ctrl-C), then stop cleanly. Load the model
-        first (``engine.load_now()``, or let the app load it)."""
-        sock = http.listen(self.config.host, self.config.port)
+        first (``engine.load_now()``, or let the app load it). ``sock``: a socket already listening
+        (:func:`serve` binds before it loads, so a taken port fails at once); else it binds here."""
+        if sock is None:
+            sock = http.listen(self.config.host, self.config.port)
         info_note = ""
 
         def on_ready(error: BaseException | None) -> None:
@@ -160,6 +163,18 @@ def serve(config: ServeConfig | str, *, announce: Callable[[str], None] = print,
         serve("models:/digits@production", port=8280, max_batch_size=64)
     """
     server = ModelServer(config, on_event=lambda line: announce(f"trainforge serve: {line}"), **settings)
+    sock = http.listen(server.config.host, server.config.port)  # first: a taken port fails before the model loads
+    try:
+        model, info = _load(server, announce)
+    except BaseException:
+        sock.close()
+        raise
+    server.engine.preload(info, model)
+    server.run(announce, sock=sock)
+
+
+def _load(server: ModelServer, announce: Callable[[str], None]) -> tuple[Any, Any]:
+    """The model ``server`` serves and its version's info, loaded with progress told to ``announce``."""
     source = server.engine.source
     announce(f"trainforge serve: resolving {source.describe()}")
     info = source.resolve()
@@ -180,5 +195,4 @@ def serve(config: ServeConfig | str, *, announce: Callable[[str], None] = print,
         done.set()
         thread.join()
     announce(f"trainforge serve: loaded {info.uri} in {time.perf_counter() - t0:.2f} s ({type(model).__qualname__})")
-    server.engine.preload(info, model)
-    server.run(announce)
+    return model, info

@@ -16,7 +16,6 @@ from trainforge._internal.constants import (  # noqa: F401 - where clients find 
     default_state_dir,
 )
 from trainforge._internal.http import DEFAULT_MAX_BODY, is_loopback
-from trainforge._internal.key_values import parse_amount
 from trainforge.server.isolation.config import IsolationConfig
 from trainforge.server.scheduling.team_policy import TeamPolicy
 
@@ -127,23 +126,6 @@ class ServerConfig:
                 f"ServerConfig.host={self.host!r} is not a loopback address: anyone who can reach it could run "
                 "code as you. Bind 127.0.0.1 (the default), or configure a token (--token-file) to expose it."
             )
-
-
-def parse_resources(text: str) -> dict[str, float]:
-    """``"CPU=8,GPU=2,memory=32G"`` -> ``{"CPU": 8.0, "GPU": 2.0, "memory": 32e9}`` (ValueError if malformed)."""
-    out: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        kind, sep, amount = part.partition("=")
-        if not sep or not kind.strip():
-            raise ValueError(f"{part!r}: write resources as KIND=AMOUNT, e.g. CPU=8,GPU=2,memory=32G")
-        try:
-            value = parse_amount(amount)
-        except ValueError:
-            raise ValueError(f"{part!r}: {amount.strip()!r} is not a number (e.g. CPU=8, memory=32G)") from None
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{part!r}: the amount must be a finite number >= 0")
-        out[kind.strip()] = value
-    return out
 
 
 def machine_capacity() -> dict[str, float]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from trainforge._internal.display import table, terminal_width
 from trainforge.client import TrialState
 
 
@@ -49,12 +50,14 @@ def _list(args: Any) -> int:
     if not experiments:
         print("no experiments (run a Tuner while the server runs, or `trainforge experiments import PATH`)")
         return 0
-    print(f"{'ID':>4}  {'NAME':<30} {'TRIALS':>6}  {'BEST':>12}  STATES")
+    rows = []
     for e in experiments:
         best = f"{e['best']['value']:.6g}" if e.get("best") else "-"
         states = ", ".join(f"{e['counts'][s]} {s}" + (f" ({e['pruned']} pruned)" if s == TrialState.TERMINATED and
                            e.get("pruned") else "") for s in TrialState if e["counts"].get(s))  # fmt: skip
-        print(f"{e['id']:>4}  {e['name'][:30]:<30} {e['trials']:>6}  {best:>12}  {states}")
+        rows.append([str(e["id"]), e["name"], str(e["trials"]), best, states])
+    # Names whole where the terminal has room, else cut in the middle (a search's name and its timestamp's end)
+    print(table(["ID", "NAME", "TRIALS", "BEST", "STATES"], rows, right=(0, 2, 3), cut=1, width=terminal_width()))
     return 0
 
 

@@ -22,13 +22,19 @@ import time
 from typing import Any
 
 from trainforge._internal.amounts import fmt_number, fmt_resources
+from trainforge._internal.display import ordered_metrics
 from trainforge._internal.http import DEFAULT_MAX_BODY
-from trainforge._internal.key_values import parse_key_values, size_arg
+from trainforge._internal.key_values import (
+    RESOURCES_METAVAR,
+    parse_key_values,
+    parse_resources,
+    resources_arg,
+    size_arg,
+)
 from trainforge._internal.resources import MIN_CPU_PER_WORKER
 from trainforge._internal.trainer_job import NUM_WORKERS
-from trainforge.client import ACTIVE_STATES, JobState
-from trainforge.server._config import DEFAULT_PORT, ServerConfig, default_state_dir, parse_resources
-from trainforge.server._display import ordered_metrics
+from trainforge.client import ACTIVE_STATES, InvalidJobError, JobState
+from trainforge.server._config import DEFAULT_PORT, ServerConfig, default_state_dir
 from trainforge.server.cli.listing import (
     client,
     jobs_command,
@@ -37,6 +43,7 @@ from trainforge.server.cli.listing import (
     queue_command,
     resources_command,
 )
+from trainforge.server.cli.stopping import stop_saying
 from trainforge.server.cli.team import add_commands as add_team_commands
 from trainforge.server.cli.team import add_start_options, start_config
 from trainforge.server.cli.team import forward as team_forward
@@ -58,9 +65,9 @@ def add_commands(sub: Any) -> None:
     start.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     start.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)")
     _state_dir(start)
-    start.add_argument("--capacity", type=parse_resources, help="what jobs may use, e.g. CPU=8,GPU=2,memory=32G "
+    start.add_argument("--capacity", type=resources_arg, metavar=RESOURCES_METAVAR, help="what jobs may use, e.g. CPU=8,GPU=2,memory=32G "
                        "(default: this machine, or the Ray cluster, less --reserve)")  # fmt: skip
-    start.add_argument("--reserve", type=parse_resources, help="kept back from a measured capacity "
+    start.add_argument("--reserve", type=resources_arg, metavar=RESOURCES_METAVAR, help="kept back from a measured capacity "
                        "(default CPU=1 on 8+ CPUs, memory=min(2G, 10%%))")  # fmt: skip
     start.add_argument("--stop-grace", type=float, default=10.0, help="seconds a stopped job has to end cleanly")
     start.add_argument("--durable", action="store_true", help="fsync every commit (survives power loss)")
@@ -91,7 +98,7 @@ def add_commands(sub: Any) -> None:
                         help=f"CPUs per worker (default 1; each worker counts at least {fmt_number(MIN_CPU_PER_WORKER)})")
     submit.add_argument("--gpus", type=float, default=0.0, help="GPUs per worker (default 0)")
     submit.add_argument("--memory", help="memory per worker, e.g. 4G (admission only)")
-    submit.add_argument("--resources", type=parse_resources, help="other resources per worker, e.g. TPU=1")
+    submit.add_argument("--resources", type=resources_arg, metavar=RESOURCES_METAVAR, help="other resources per worker, e.g. TPU=1")
     submit.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     submit.add_argument("--name", help="job name (default: the script or function)")
     submit.add_argument("--hold", action="store_true", help="queue it held (start with `trainforge release ID`)")
@@ -182,7 +189,13 @@ def _server_start(args: Any) -> int:
         max_body=args.max_body, **start_config(args),
     )  # fmt: skip
     if args.detach:
-        from trainforge.server._main import dashboard_url, own_terminal, read_token, start_background_server
+        from trainforge.server._main import (
+            check_not_running,
+            dashboard_url,
+            own_terminal,
+            read_token,
+            start_background_server,
+        )
 
         forward = ["--host", args.host, "--port", str(args.port), "--stop-grace", str(args.stop_grace),
                    "--max-body", str(args.max_body)]
@@ -199,6 +212,7 @@ def _server_start(args: Any) -> int:
         if args.registry:
             forward += ["--registry", args.registry]
         forward += team_forward(args)
+        check_not_running(config.state_dir)  # before saying it starts (start_background_server checks again)
         print(f"trainforge server: starting in the background (output in {config.state_dir}/server.log) ...", flush=True)
         url = start_background_server(config.state_dir, extra_args=forward)
         print(f"trainforge server: serving {url}\n  token: {config.state_dir}/token   state: {config.state_dir}")
@@ -268,8 +282,7 @@ def _server_stop(args: Any) -> int:
 
         with Client(info["url"], state_dir=state_dir) as client:
             for job in client.jobs(list(ACTIVE_STATES), limit=1000):
-                print(f"stopping job {job.id} ...", flush=True)
-                client.job(job.id).stop()
+                stop_saying(client.job(job.id), f"stopping job {job.id} ...")
     proc = _server_process(info)
     try:
         if proc is None:
@@ -317,9 +330,31 @@ def _running(proc: Any) -> bool:
 def _worker_range(text: str) -> tuple[int, int | None]:
     lo, sep, hi = text.partition("-")
     try:
-        return int(lo), (int(hi) if sep else None)
+        low, high = int(lo), (int(hi) if sep else None)
     except ValueError:
-        raise SystemExit(f"trainforge submit: --workers {text!r}: give N or MIN-MAX (e.g. 2 or 2-4)") from None
+        raise SystemExit(f"trainforge submit: --workers={text}: give N or MIN-MAX (e.g. 2 or 2-4)") from None
+    if low < 1 or (high is not None and high < low):
+        raise SystemExit(f"trainforge submit: --workers={text}: give a number >= 1, or MIN-MAX with 1 <= MIN <= MAX "
+                         "(e.g. 2 or 2-4)")  # fmt: skip
+    return low, high
+
+
+# The job spec's fields (the API's JobSpecIn) as `submit`'s options, to name a field the server refused.
+SPEC_OPTIONS = {
+    NUM_WORKERS: "--workers", "workers": "--workers", "max_workers": "--workers (its MAX)",
+    "per_worker": "--cpus/--gpus/--memory/--resources", "priority": "--priority", "max_retries": "--max-retries",
+    "name": "--name", "env": "--env", "config": "--config", "storage": "--storage", "path": "the script",
+    "target": "the module:function", "args": "the script's arguments",
+}  # fmt: skip
+
+
+def _refused(exc: InvalidJobError) -> str:
+    """The server's 422 for a submission, each field it names said as the option that set it."""
+    if not exc.problems:
+        return str(exc)
+    return "; ".join(
+        f"{SPEC_OPTIONS.get(field.split('.')[0], field)}: {msg}" if field else msg for field, msg in exc.problems
+    )
 
 
 def _submit(args: Any) -> int:
@@ -330,8 +365,10 @@ def _submit(args: Any) -> int:
     target = args.target
     for flag, amount in (("--cpus", args.cpus), ("--gpus", args.gpus)):
         if not (math.isfinite(amount) and amount >= 0):
-            raise SystemExit(f"trainforge submit: {flag} {fmt_number(amount)}: give a finite number >= 0 per worker (e.g. 0.5; "
-                             f"each worker counts at least {fmt_number(MIN_CPU_PER_WORKER)} CPU)")  # fmt: skip
+            raise SystemExit(f"trainforge submit: {flag}={fmt_number(amount)}: give a number >= 0 per worker (e.g. 0.5"
+                             + (f"; each worker counts at least {fmt_number(MIN_CPU_PER_WORKER)} CPU)" if flag == "--cpus" else ")"))  # fmt: skip
+    if args.max_retries < 0:
+        raise SystemExit(f"trainforge submit: --max-retries={args.max_retries}: give a number >= 0")
     per_worker: dict[str, float] = {"CPU": args.cpus}
     if args.gpus:
         per_worker["GPU"] = args.gpus
@@ -370,7 +407,10 @@ def _submit(args: Any) -> int:
     else:
         raise SystemExit(f"trainforge submit: {target!r} is neither a script (.py) nor pkg.module:function")
     client = Client(args.address, state_dir=args.state_dir)
-    job = client.submit(spec, on_wait=lambda line: print(f"trainforge submit: {line}", file=sys.stderr, flush=True))
+    try:
+        job = client.submit(spec, on_wait=lambda line: print(f"trainforge submit: {line}", file=sys.stderr, flush=True))
+    except InvalidJobError as exc:
+        raise SystemExit(f"trainforge submit: {_refused(exc)}") from None
     status = job.submitted or job.status()
     print(f"trainforge: submitted job {job.id} ({status.name}): {status.state}"
           + (f", {status.pending}" if status.pending else "") + (EARLIER_TRY if not job.created else ""), flush=True)  # fmt: skip
@@ -421,10 +461,8 @@ def _status(args: Any) -> int:
 
 def _stop(args: Any) -> int:
     job = client(args).job(args.job_id)
-    if not job.status().ended:  # (an ended one: the server's 409 says so)
-        how = "killing" if args.force else "stopping"
-        print(f"{how} job {args.job_id} ...", flush=True)
-    status = job.stop(grace_s=args.grace, force=args.force)
+    how = "killing" if args.force else "stopping"
+    status = stop_saying(job, f"{how} job {args.job_id} ...", grace_s=args.grace, force=args.force)
     print(status.describe())
     return 0
 

@@ -1,6 +1,6 @@
 """The train server CLI's listings (added by :mod:`trainforge.server.cli.commands`): ``jobs``, ``queue``,
 ``resources`` and ``logs``. Names are shown whole, or cut in the middle where longer than a column
-(:mod:`trainforge.server._display`); ``jobs`` says how many it left out."""
+(:mod:`trainforge._internal.display`); ``jobs`` says how many it left out."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from trainforge._internal.amounts import fmt_resources
+from trainforge._internal.display import column_width, cut_middle
 from trainforge._internal.trainer_job import NUM_WORKERS
-from trainforge.server._display import column_width, cut_middle
 
 
 def client(args: Any) -> Any:

@@ -22,10 +22,13 @@ import time
 from typing import Any
 
 from trainforge._internal.amounts import fmt_number
-from trainforge.server._config import default_state_dir, parse_resources
+from trainforge._internal.key_values import RESOURCES_METAVAR, argument_type, resources_arg
+from trainforge.server._config import default_state_dir
 from trainforge.server.isolation.config import MODES, PIDS_MAX, UID_BASE, IsolationConfig
 from trainforge.server.scheduling.policies import DEFAULT_POLICIES, REGISTRY
 from trainforge.server.scheduling.team_policy import TeamPolicy, parse_duration
+
+duration_arg = argument_type(parse_duration)
 
 
 def add_start_options(start: argparse.ArgumentParser) -> None:
@@ -34,19 +37,19 @@ def add_start_options(start: argparse.ArgumentParser) -> None:
     start.add_argument("--tls-key", help="the certificate's private key (PEM)")
     start.add_argument("--scrape-token-file", help="the token that may read /metrics (default: random, in "
                        "<state-dir>/scrape_token)")  # fmt: skip
-    start.add_argument("--half-life", type=parse_duration, default=None,
+    start.add_argument("--half-life", type=duration_arg, default=None,
                        help="fair share: usage halves every this long (default 7d; e.g. 12h, inf)")  # fmt: skip
     start.add_argument("--no-fair-share", dest="fair_share", action="store_false",
                        help="order equal-priority jobs by submission only")  # fmt: skip
     start.add_argument("--no-preemption", dest="preemption", action="store_false",
                        help="never preempt --preemptible jobs for higher-priority ones")  # fmt: skip
-    start.add_argument("--preempt-exempt", type=parse_duration, default=None,
+    start.add_argument("--preempt-exempt", type=duration_arg, default=None,
                        help="a job runs at least this long before it may be preempted (default 60s)")  # fmt: skip
-    start.add_argument("--preempt-cooldown", type=parse_duration, default=None,
+    start.add_argument("--preempt-cooldown", type=duration_arg, default=None,
                        help="a job is preempted at most once in this long (default 10m)")  # fmt: skip
     start.add_argument("--member-max-priority", type=int, default=None,
                        help="the highest priority a member may give a job (default 0; admins: any)")  # fmt: skip
-    start.add_argument("--default-quota", type=parse_resources, default=None,
+    start.add_argument("--default-quota", type=resources_arg, metavar=RESOURCES_METAVAR, default=None,
                        help="the quota of users without one of their own, e.g. GPU=2,CPU=16")  # fmt: skip
     start.add_argument("--metrics-per-job", action="store_true", help="/metrics also has one series per running job")
     start.add_argument("--policy", action="append", default=None, metavar="NAME[:ARGS]",
@@ -136,7 +139,7 @@ def add_commands(sub: Any, server_sub: Any, address: Any) -> None:
     change.add_argument("--role", choices=("admin", "member", "viewer"))
     for p in (add, change):
         p.add_argument("--shares", type=float, help="weight in fair share (default 1)")
-        p.add_argument("--quota", type=parse_resources, help="what their jobs may hold at once, e.g. GPU=2,CPU=16")
+        p.add_argument("--quota", type=resources_arg, metavar=RESOURCES_METAVAR, help="what their jobs may hold at once, e.g. GPU=2,CPU=16")
         p.add_argument("--os-user", help="an account of this machine their jobs run as (a server running as root; "
                        "default: a uid of their own, with a home in the state directory)")  # fmt: skip
     change.add_argument("--no-quota", action="store_true", help="remove their quota")

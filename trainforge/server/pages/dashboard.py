@@ -29,10 +29,10 @@ from fastapi.responses import HTMLResponse, Response
 
 from trainforge._internal.amounts import fmt_amount, fmt_bytes, fmt_metric, fmt_number, fmt_resources
 from trainforge._internal.constants import API_PREFIX
+from trainforge._internal.display import ordered_metrics
 from trainforge._internal.http import json_safe
 from trainforge._internal.trainer_job import NUM_WORKERS
 from trainforge.client import ACTIVE_STATES, TERMINAL_STATES, WAITING_STATES, JobEvent, JobState
-from trainforge.server._display import ordered_metrics
 from trainforge.server.pages.team import audit_section, owner_note, shares_section, signed_in
 from trainforge.server.routes.access import Caller, can
 from trainforge.server.routes.common import Service, job_out_for

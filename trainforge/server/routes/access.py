@@ -112,8 +112,8 @@ def rule_for(method: str, path: str) -> str:
 def refusal(who: Principal, rule: str, *, owner: str | None = None, job_id: int | None = None) -> str | None:
     """Why ``who`` may not act under ``rule`` (on a job of ``owner``), or None if they may."""
     if rule in OWNER_ONLY and owner is not None and owner != who.name and who.role != "scraper":
-        return (f"forbidden by rule {rule!r}: job {job_id}'s Result is a pickle that {owner!r}'s job wrote, and "
-                f"unpickling it runs code: only {owner!r} may fetch it (its metrics and checkpoints are in "
+        return (f"forbidden by rule {rule!r}: job {job_id} belongs to {owner!r}, and its Result is a pickle its code "
+                f"wrote; unpickling it runs code: only {owner!r} may fetch it (its metrics and checkpoints are in "
                 f"GET /jobs/{job_id})")  # fmt: skip
     if who.role == "admin":
         return None
@@ -122,7 +122,7 @@ def refusal(who: Principal, rule: str, *, owner: str | None = None, job_id: int 
         if rule in OWN_ONLY and owner is not None and owner != who.name:
             ask = f"ask {owner!r} or an admin" if is_user_name(owner) else "its user was removed: ask an admin"
             return (f"forbidden by rule {rule!r}: member {who.name!r} may change only their own jobs, and job "
-                    f"{job_id} is {owner!r}'s: {ask}")  # fmt: skip
+                    f"{job_id} belongs to {owner!r}: {ask}")  # fmt: skip
         return None
     if who.role == "scraper":
         return f"forbidden by rule {rule!r}: the scrape token may only read /metrics"
