@@ -187,3 +187,22 @@ def test_a_reference_without_a_registry_says_what_to_do(monkeypatch):
         resolve("models:/x", "ModelTrainer")
     with pytest.raises(ValueError, match="a model reference starts with 'models:/'"):
         resolve("digits-net", "ModelTrainer")
+
+
+@pytest.mark.slow
+def test_a_version_trained_from_a_by_value_definition_loads_where_the_class_cannot_be_imported(tmp_path):
+    """Issue 36: the docs' flow (put by value, train, register) stored the *trained* version's class by
+    import path, so loading it from another directory failed with "No module named ...". What is
+    trained from a by-value definition carries its class by value too."""
+    reg = Registry()
+    ref = reg.put(Boosted, "trained-by-value", config={"max_depth": 2, "rounds": 3}, data=Rows, by_value=True)
+    result = ModelTrainer(ref.uri, run_config=RunConfig(storage_path=str(tmp_path / "runs"), verbose=0)).fit()
+    mv = reg.register("trained-by-value", result)
+    assert mv.kind == "trained" and "model_class.pkl" in mv.files
+    code = ("from trainforge.registry import load_model\n"
+            f"m = load_model({mv.uri!r})\n"
+            "print(type(m).__name__, m.booster is not None)\n")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip  # tests/ not importable there
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["Boosted", "True"]

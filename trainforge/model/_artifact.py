@@ -246,7 +246,27 @@ def read_definition(directory: str, uri: str | None = None) -> ModelDefinition:
         with open(os.path.join(directory, DATA_PICKLE), "rb") as f:
             data = cloudpickle.loads(f.read())
     return ModelDefinition(model_cls=cls, config=saved_config(directory, manifest), hyperparameter_space=space,
-                           data=data, uri=uri)  # fmt: skip
+                           data=data, uri=uri, by_value=os.path.exists(os.path.join(directory, CLASS_PICKLE)))  # fmt: skip
+
+
+def pickle_by_value(*objs: Any) -> None:
+    """From now on, this process pickles the modules of ``objs`` (classes, or instances of them) with
+    their code, not by import path: what a run of a by-value definition sends its workers, and so
+    what its workers save (a class they could not import by path is saved with its pickle), carries
+    the class wherever it goes. Modules it cannot import by name are pickled so already."""
+    import sys
+
+    import cloudpickle
+
+    registered = set(cloudpickle.list_registry_pickle_by_value())
+    for obj in objs:
+        cls = obj if isinstance(obj, type) else type(obj)
+        if obj is None or class_path(cls) is None or cls.__module__ in registered:
+            continue
+        module = sys.modules.get(cls.__module__)
+        if module is not None:
+            cloudpickle.register_pickle_by_value(module)
+            registered.add(cls.__module__)
 
 
 def write_definition(model_cls: type[BaseModel], directory: str, config: dict[str, Any], *,

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import quote
 
 from trainforge._internal.extensions import MODEL_DEFINITIONS, lookup
+from trainforge.model._artifact import pickle_by_value
 from trainforge.model._base import check_model_class
 from trainforge.model._commands import DRIVER_KEY
 from trainforge.model._dataset import check_data, data_splits
@@ -61,6 +62,8 @@ class ManagedTrainer:
             raise ValueError(f"{who}: give data= (a Data object) or datasets=, not both")
         self.definition = definition
         self.model_cls = definition.model_cls
+        if definition.by_value:  # its workers, and what they save, carry the class (and data) by value
+            pickle_by_value(definition.model_cls, data)
         self.data = data
         if metadata is not None and not isinstance(metadata, dict):
             raise TypeError(f"metadata={metadata!r} must be a dict (or None).")
