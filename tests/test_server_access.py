@@ -26,7 +26,8 @@ from test_server_api import HOST, TOKEN, Api  # noqa: E402
 from trainforge.server._app import make_app  # noqa: E402
 from trainforge.server.routes import access  # noqa: E402
 from trainforge.server.scheduling.team_policy import TeamPolicy  # noqa: E402
-from trainforge.server.store.database import _MIGRATIONS, JobStore  # noqa: E402
+from trainforge.server.store.database import JobStore  # noqa: E402
+from trainforge.server.store.migrations import MIGRATIONS  # noqa: E402
 
 P = "/api/v1"
 SCRAPE = "scrape-token-0123456789abcdef"
@@ -377,7 +378,7 @@ def test_a_database_from_before_users_is_migrated_and_its_jobs_and_imports_are_t
     path = str(tmp_path / "state.db")
     conn = sqlite3.connect(path)
     for version in (1, 2, 3):
-        conn.executescript(_MIGRATIONS[version])
+        conn.executescript(MIGRATIONS[version])
     conn.execute("INSERT INTO jobs(name, kind, state, spec, submitted_at) VALUES ('old', 'script', 'SUCCEEDED', '{}', 1)")
     conn.execute("INSERT INTO experiments(path, name, source, created_at) VALUES ('/runs/old', 'old', 'import', 1)")
     conn.execute("PRAGMA user_version=3")

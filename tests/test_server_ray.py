@@ -50,7 +50,7 @@ def ray_server(ray_single, tmp_path, monkeypatch):
 def _published() -> dict | None:
     from ray.experimental import internal_kv
 
-    from trainforge.server._config import RAY_KV_KEY, RAY_KV_NAMESPACE
+    from trainforge._internal.constants import RAY_KV_KEY, RAY_KV_NAMESPACE
 
     value = internal_kv._internal_kv_get(RAY_KV_KEY, namespace=RAY_KV_NAMESPACE)
     return json.loads(value) if value else None

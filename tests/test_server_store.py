@@ -14,6 +14,7 @@ import pytest
 
 from trainforge.client._states import JobEvent, JobState
 from trainforge.server.store import database as st
+from trainforge.server.store.migrations import SCHEMA_VERSION
 
 
 @pytest.fixture
@@ -32,14 +33,14 @@ def _add(store, name="j", **kw):
 def test_database_is_in_wal_mode_with_the_schema_version(store, tmp_path):
     conn = sqlite3.connect(str(tmp_path / "state.db"))
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == st._SCHEMA_VERSION
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     conn.close()
 
 
 def test_a_database_from_a_newer_version_is_refused_with_what_to_do(tmp_path):
     path = str(tmp_path / "state.db")
     conn = sqlite3.connect(path)
-    conn.execute(f"PRAGMA user_version={st._SCHEMA_VERSION + 1}")
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
     conn.close()
     with pytest.raises(RuntimeError, match="newer trainforge.*--state-dir"):
         st.JobStore(path)

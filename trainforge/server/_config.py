@@ -7,14 +7,7 @@ import math
 import os
 
 from trainforge._internal.amounts import size_text
-from trainforge._internal.constants import (  # noqa: F401 - where clients find a server, named here too
-    ENV_ADDRESS,
-    ENV_STATE_DIR,
-    ENV_TOKEN,
-    RAY_KV_KEY,
-    RAY_KV_NAMESPACE,
-    default_state_dir,
-)
+from trainforge._internal.constants import default_state_dir
 from trainforge._internal.http import DEFAULT_MAX_BODY, is_loopback
 from trainforge.server.isolation.config import IsolationConfig
 from trainforge.server.scheduling.team_policy import TeamPolicy

@@ -36,13 +36,16 @@ from typing import IO, Any
 # http.listen to import-linter, which is not the named interface.
 from trainforge._internal import http
 from trainforge._internal.amounts import fmt_resources
-from trainforge._internal.constants import SERVER_CERT_FILE, SERVER_LOCK_FILE
-from trainforge._internal.state_files import DIR_MODE, open_append, read_text, write_atomic
-from trainforge.server._config import (
+from trainforge._internal.constants import (
     RAY_KV_KEY,
     RAY_KV_NAMESPACE,
-    ServerConfig,
+    SERVER_CERT_FILE,
+    SERVER_LOCK_FILE,
     default_state_dir,
+)
+from trainforge._internal.state_files import DIR_MODE, open_append, read_text, write_atomic
+from trainforge.server._config import (
+    ServerConfig,
     effective_capacity,
     machine_capacity,
 )

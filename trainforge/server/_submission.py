@@ -13,9 +13,10 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from trainforge._internal.constants import ENV_ADDRESS, default_state_dir
 from trainforge._internal.trainer_job import trainer_job
 from trainforge.client import Client, Job, ServerNotFoundError
-from trainforge.server._config import DEFAULT_PORT, ENV_ADDRESS, default_state_dir
+from trainforge.server._config import DEFAULT_PORT
 from trainforge.server._job_view import follow
 from trainforge.server._main import start_background_server
 

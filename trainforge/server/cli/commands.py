@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from trainforge._internal.amounts import fmt_number, fmt_resources
+from trainforge._internal.constants import default_state_dir
 from trainforge._internal.display import ordered_metrics
 from trainforge._internal.http import DEFAULT_MAX_BODY
 from trainforge._internal.key_values import (
@@ -34,7 +35,7 @@ from trainforge._internal.key_values import (
 from trainforge._internal.resources import MIN_CPU_PER_WORKER
 from trainforge._internal.trainer_job import NUM_WORKERS
 from trainforge.client import ACTIVE_STATES, InvalidJobError, JobState
-from trainforge.server._config import DEFAULT_PORT, ServerConfig, default_state_dir
+from trainforge.server._config import DEFAULT_PORT, ServerConfig
 from trainforge.server.cli.listing import (
     client,
     jobs_command,

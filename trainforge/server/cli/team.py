@@ -22,8 +22,8 @@ import time
 from typing import Any
 
 from trainforge._internal.amounts import fmt_number
+from trainforge._internal.constants import default_state_dir
 from trainforge._internal.key_values import RESOURCES_METAVAR, argument_type, resources_arg
-from trainforge.server._config import default_state_dir
 from trainforge.server.isolation.config import MODES, PIDS_MAX, UID_BASE, IsolationConfig
 from trainforge.server.scheduling.policies import DEFAULT_POLICIES, REGISTRY
 from trainforge.server.scheduling.team_policy import TeamPolicy, parse_duration

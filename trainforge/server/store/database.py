@@ -36,14 +36,12 @@ from trainforge.client import JobEvent, JobState
 from trainforge.server.store.audit import AuditRows
 from trainforge.server.store.experiments import ExperimentRows
 from trainforge.server.store.job_rows import COLUMNS, JSON_COLUMNS, Change, Event, JobRow
-from trainforge.server.store.migrations import MIGRATIONS as _MIGRATIONS
-from trainforge.server.store.migrations import SCHEMA_VERSION as _SCHEMA_VERSION
 from trainforge.server.store.migrations import migrate
 from trainforge.server.store.readers import ReaderPool as _ReaderPool
 from trainforge.server.store.tokens import JobTokenRows
 from trainforge.server.store.users import UserRows
 
-__all__ = ["READERS", "Change", "Event", "JobRow", "JobStore", "JobsChanged", "_MIGRATIONS", "_SCHEMA_VERSION"]
+__all__ = ["READERS", "Change", "Event", "JobRow", "JobStore", "JobsChanged"]
 
 logger = logging.getLogger(__name__)
 
